@@ -1,0 +1,614 @@
+//! The cluster, as TensorFlow sees it: job types, their pods in a stable order, and an
+//! address for each. Everything here is pure: pods in, a cluster or a shortfall out.
+//!
+//! Fixes to TensorFlow's `KubernetesClusterResolver`, each on purpose:
+//! - peers come from one namespace unless `--all-namespaces` is asked for;
+//! - order follows the pods' own index, else natural name order (`w-2` < `w-10`);
+//! - addresses are pod IPs by default (host IPs collide when two pods share a node);
+//! - this pod's own task is resolved, not left to the user;
+//! - a peer that is not ready yet is waited for, not an exception.
+
+pub mod order;
+pub mod selector;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::cli::{AddressMode, OrderMode, ReadyMode};
+use crate::{Code, Failure};
+use selector::{Selector, SelectorExt};
+
+/// Errors in the cluster's definition or in the peers found.
+#[derive(Debug, Error, PartialEq)]
+pub enum ClusterError {
+    #[error("invalid --job {0:?}: {1}")]
+    JobFlag(String, String),
+    #[error("invalid --job-to-label-mapping: {0}")]
+    Mapping(String),
+    #[error("no jobs given: pass --job TYPE=SELECTOR (repeatable) or --job-to-label-mapping JSON")]
+    NoJobs,
+    #[error("invalid --expect {0:?}: {1}")]
+    Expect(String, String),
+    #[error("{0}")]
+    Inconsistent(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+impl From<ClusterError> for Failure {
+    fn from(e: ClusterError) -> Self {
+        let code = match e {
+            ClusterError::Inconsistent(_) => Code::Inconsistent,
+            _ => Code::Usage,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+/// One TensorFlow job type (`ps`, `worker`, ...) and the selectors of its pods, whose
+/// matches are concatenated in this order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub task_type: String,
+    pub selectors: Vec<Selector>,
+}
+
+/// Parses repeated `--job TYPE=SELECTOR` flags. Types keep the order of their first
+/// appearance; several flags for one type append selectors.
+pub fn parse_job_flags(flags: &[String]) -> Result<Vec<Job>, ClusterError> {
+    let mut jobs: Vec<Job> = Vec::new();
+    for flag in flags {
+        let (ty, sel) = flag
+            .split_once('=')
+            .ok_or_else(|| ClusterError::JobFlag(flag.clone(), "expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into()))?;
+        let ty = ty.trim();
+        validate_task_type(ty).map_err(|m| ClusterError::JobFlag(flag.clone(), m))?;
+        if sel.trim().is_empty() {
+            return Err(ClusterError::JobFlag(
+                flag.clone(),
+                "empty selector would match every pod in the namespace".into(),
+            ));
+        }
+        let sel = selector::parse(sel).map_err(|m| ClusterError::JobFlag(flag.clone(), m))?;
+        push_selector(&mut jobs, ty, sel);
+    }
+    if jobs.is_empty() {
+        return Err(ClusterError::NoJobs);
+    }
+    Ok(jobs)
+}
+
+/// Parses TensorFlow's `job_to_label_mapping`, e.g.
+/// `{"worker":["job-name=w"],"ps":["job-name=p"]}`. Types keep the JSON's order.
+pub fn parse_mapping(json: &str) -> Result<Vec<Job>, ClusterError> {
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|e| ClusterError::Mapping(format!("not a JSON object of lists: {e}")))?;
+    let mut jobs = Vec::new();
+    for (ty, sels) in map {
+        validate_task_type(&ty).map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
+        let list = match sels {
+            serde_json::Value::Array(a) => a,
+            serde_json::Value::String(s) => vec![serde_json::Value::String(s)],
+            _ => return Err(ClusterError::Mapping(format!("job {ty:?}: expected a list of selector strings"))),
+        };
+        if list.is_empty() {
+            return Err(ClusterError::Mapping(format!("job {ty:?}: no selectors")));
+        }
+        for s in list {
+            let s = s
+                .as_str()
+                .ok_or_else(|| ClusterError::Mapping(format!("job {ty:?}: selectors must be strings")))?;
+            if s.trim().is_empty() {
+                return Err(ClusterError::Mapping(format!("job {ty:?}: empty selector")));
+            }
+            let sel = selector::parse(s).map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
+            push_selector(&mut jobs, &ty, sel);
+        }
+    }
+    if jobs.is_empty() {
+        return Err(ClusterError::NoJobs);
+    }
+    Ok(jobs)
+}
+
+fn push_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
+    match jobs.iter_mut().find(|j| j.task_type == ty) {
+        Some(j) => j.selectors.push(sel),
+        None => jobs.push(Job {
+            task_type: ty.to_string(),
+            selectors: vec![sel],
+        }),
+    }
+}
+
+/// Task types become JSON keys and env values; keep them to what TensorFlow and the
+/// operators use (`chief`, `ps`, `worker`, `evaluator`, ...).
+fn validate_task_type(ty: &str) -> Result<(), String> {
+    let ok = ty.len() <= 63
+        && ty.starts_with(|c: char| c.is_ascii_alphabetic())
+        && ty.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("task type {ty:?} must start with a letter and contain only letters, digits, '_' and '-'"))
+    }
+}
+
+/// Parses `--expect TYPE=N[,TYPE=N...]`; every type must be one of the jobs.
+pub fn parse_expect(flags: &[String], jobs: &[Job]) -> Result<BTreeMap<String, usize>, ClusterError> {
+    let mut out = BTreeMap::new();
+    for flag in flags.iter().filter(|f| !f.trim().is_empty()) {
+        let err = |m: &str| ClusterError::Expect(flag.clone(), m.to_string());
+        let (ty, n) = flag.split_once('=').ok_or_else(|| err("expected TYPE=N, e.g. worker=4"))?;
+        let ty = ty.trim();
+        if !jobs.iter().any(|j| j.task_type == ty) {
+            let known: Vec<&str> = jobs.iter().map(|j| j.task_type.as_str()).collect();
+            return Err(err(&format!("{ty:?} is not a job type given by --job ({})", known.join(", "))));
+        }
+        let n: usize = n.trim().parse().map_err(|_| err("N must be a whole number"))?;
+        if n == 0 {
+            return Err(err("N must be at least 1"));
+        }
+        if out.insert(ty.to_string(), n).is_some() {
+            return Err(err("type given twice"));
+        }
+    }
+    Ok(out)
+}
+
+/// How peers become tasks and addresses.
+#[derive(Debug, Clone)]
+pub struct Resolver {
+    pub jobs: Vec<Job>,
+    pub port: u16,
+    pub port_name: Option<String>,
+    pub address: AddressMode,
+    pub cluster_domain: String,
+    pub order: OrderMode,
+    pub ready: ReadyMode,
+}
+
+/// One task of the resolved cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Peer {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub task_type: String,
+    pub index: usize,
+    pub address: String,
+    pub node: Option<String>,
+    pub uid: String,
+    #[serde(skip)]
+    pub namespace: String,
+}
+
+/// The resolved cluster: every type's tasks, in task-index order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Cluster {
+    pub tasks: BTreeMap<String, Vec<Peer>>,
+}
+
+impl Cluster {
+    /// The `cluster` section of TF_CONFIG: type -> ["host:port", ...], keys sorted.
+    pub fn spec(&self) -> BTreeMap<&str, Vec<&str>> {
+        self.tasks
+            .iter()
+            .map(|(t, peers)| (t.as_str(), peers.iter().map(|p| p.address.as_str()).collect()))
+            .collect()
+    }
+
+    /// `ps:2,worker:4`, for messages.
+    pub fn summary(&self) -> String {
+        self.tasks
+            .iter()
+            .map(|(t, p)| format!("{t}:{}", p.len()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn task(&self, task_type: &str, index: usize) -> Option<&Peer> {
+        self.tasks.get(task_type).and_then(|p| p.get(index))
+    }
+}
+
+/// This process's own task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Task {
+    #[serde(rename = "type")]
+    pub task_type: String,
+    pub index: usize,
+}
+
+/// Why one type is not complete yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shortfall {
+    pub task_type: String,
+    /// `None` while the expected count is unknown (no --expect, owner not read yet).
+    pub expected: Option<usize>,
+    pub live: usize,
+    pub ready: usize,
+    /// Each live pod that is not ready: its name and why, e.g. `is Pending (Unschedulable: ...)`.
+    pub not_ready: Vec<(String, String)>,
+}
+
+impl Shortfall {
+    /// `worker: expected 3, ready 2 of 2 live (1 missing)`, then the not-ready pods.
+    pub fn describe(&self) -> String {
+        let mut s = match self.expected {
+            Some(n) => format!("{}: expected {n}, ready {} of {} live", self.task_type, self.ready, self.live),
+            None => format!(
+                "{}: expected count unknown (no owning Job, StatefulSet or ReplicaSet seen; pass --expect), ready {} of {} live",
+                self.task_type, self.ready, self.live
+            ),
+        };
+        if let Some(n) = self.expected {
+            if n > self.live {
+                s.push_str(&format!(" ({} missing)", n - self.live));
+            } else if n < self.live {
+                s.push_str(&format!(" ({} too many)", self.live - n));
+            }
+        }
+        for (name, why) in &self.not_ready {
+            s.push_str(&format!("; pod {name:?} {why}"));
+        }
+        s
+    }
+}
+
+/// The outcome of looking at the current pods.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assessment {
+    Complete(Cluster),
+    Waiting(Vec<Shortfall>),
+}
+
+/// A live pod is a peer: not being deleted, not finished. Pods a Job left behind before
+/// a retry are Failed or Succeeded and do not count; their replacements do.
+pub fn is_live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded") | Some("Failed"))
+}
+
+/// The pod's phase; `Pending` until the kubelet writes one.
+pub fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+/// Whether a peer is ready to be part of the cluster, or why not.
+///
+/// With `running` (the default) a peer counts once it has its address and is either
+/// Running or still Pending in its init containers. The second case is what makes
+/// trainlet usable as an init container at all: every pod of the job sits in its own
+/// `trainlet init` at the same time, Pending with a pod IP, and requiring Running would
+/// deadlock them all. A pod that has no IP yet, is unschedulable or pulls images does
+/// not count.
+pub fn readiness(pod: &Pod, mode: ReadyMode, address: AddressMode) -> Result<(), String> {
+    let status = pod.status.as_ref();
+    let phase = phase(pod);
+    let in_init = phase == "Pending"
+        && status
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())));
+    if phase != "Running" && !in_init {
+        return Err(format!("is {phase}{}", reason_suffix(pod)));
+    }
+    let has_ip = match address {
+        AddressMode::HostIp => status.and_then(|s| s.host_ip.as_deref()).is_some_and(|ip| !ip.is_empty()),
+        // A DNS record of a headless Service exists only once the pod has an IP.
+        AddressMode::PodIp | AddressMode::Dns => status.and_then(|s| s.pod_ip.as_deref()).is_some_and(|ip| !ip.is_empty()),
+    };
+    if !has_ip {
+        let which = if address == AddressMode::HostIp { "host IP" } else { "pod IP" };
+        return Err(format!("is {phase} but has no {which} yet"));
+    }
+    if mode == ReadyMode::Ready {
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+        match ready {
+            Some(c) if c.status == "True" => {}
+            Some(c) => {
+                return Err(format!(
+                    "is {phase} but not Ready ({}{})",
+                    c.reason.as_deref().unwrap_or("no reason"),
+                    c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                ));
+            }
+            None => return Err(format!("is {phase} but has no Ready condition yet")),
+        }
+    }
+    Ok(())
+}
+
+/// ` (Unschedulable: 0/3 nodes are available...)` or ` (ImagePullBackOff: ...)`: the most
+/// useful reason a person would otherwise dig out of `kubectl describe`.
+fn reason_suffix(pod: &Pod) -> String {
+    let Some(status) = pod.status.as_ref() else {
+        return " (not scheduled yet)".into();
+    };
+    let fmt = |reason: &str, message: Option<&str>| match message.filter(|m| !m.is_empty()) {
+        Some(m) => format!(" ({reason}: {m})"),
+        None => format!(" ({reason})"),
+    };
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    {
+        return fmt(c.reason.as_deref().unwrap_or("NotScheduled"), c.message.as_deref());
+    }
+    let waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| w.reason.is_some());
+    if let Some(w) = waiting {
+        return fmt(w.reason.as_deref().unwrap_or_default(), w.message.as_deref());
+    }
+    if let Some(r) = status.reason.as_deref() {
+        return fmt(r, status.message.as_deref());
+    }
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none() {
+        return " (not scheduled yet)".into();
+    }
+    String::new()
+}
+
+impl Resolver {
+    /// The job types whose selectors match this pod.
+    pub fn types_of(&self, pod: &Pod) -> Vec<&str> {
+        let empty = BTreeMap::new();
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        self.jobs
+            .iter()
+            .filter(|j| j.selectors.iter().any(|s| s.matches(labels)))
+            .map(|j| j.task_type.as_str())
+            .collect()
+    }
+
+    /// The host part of a peer's address, if it has one yet.
+    fn host(&self, pod: &Pod) -> Result<Option<String>, ClusterError> {
+        let status = pod.status.as_ref();
+        let nonempty = |s: Option<&String>| s.filter(|s| !s.is_empty()).cloned();
+        Ok(match self.address {
+            AddressMode::PodIp => nonempty(status.and_then(|s| s.pod_ip.as_ref())),
+            AddressMode::HostIp => nonempty(status.and_then(|s| s.host_ip.as_ref())),
+            AddressMode::Dns => Some(self.dns_name(pod)?),
+        })
+    }
+
+    fn dns_name(&self, pod: &Pod) -> Result<String, ClusterError> {
+        let spec = pod.spec.as_ref();
+        let hostname = spec.and_then(|s| s.hostname.as_deref()).filter(|s| !s.is_empty());
+        let subdomain = spec.and_then(|s| s.subdomain.as_deref()).filter(|s| !s.is_empty());
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        match (hostname, subdomain) {
+            (Some(h), Some(d)) => Ok(format!(
+                "{h}.{d}.{}.svc.{}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                self.cluster_domain
+            )),
+            _ => Err(ClusterError::Config(format!(
+                "pod {name:?} has no spec.hostname and spec.subdomain, which --address dns needs (use a StatefulSet with serviceName, or an Indexed Job with subdomain set, and a headless Service)"
+            ))),
+        }
+    }
+
+    /// The port of a peer: its containerPort named --port-name if it has one, else --port.
+    fn port_of(&self, pod: &Pod) -> u16 {
+        let Some(want) = self.port_name.as_deref() else {
+            return self.port;
+        };
+        pod.spec
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some(want))
+            .and_then(|p| u16::try_from(p.container_port).ok())
+            .unwrap_or(self.port)
+    }
+
+    /// The ordered live pods of one job: each selector's matches in turn, ordered within
+    /// the selector, a pod that several selectors match counted once.
+    fn members<'p>(&self, job: &Job, pods: &[&'p Pod]) -> Result<Vec<&'p Pod>, ClusterError> {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for sel in &job.selectors {
+            let mut group: Vec<&Pod> = pods
+                .iter()
+                .copied()
+                .filter(|p| is_live(p))
+                .filter(|p| p.metadata.labels.as_ref().is_some_and(|l| sel.matches(l)))
+                .filter(|p| seen.insert(uid(p)))
+                .collect();
+            self.sort(&mut group)?;
+            out.extend(group);
+        }
+        Ok(out)
+    }
+
+    fn sort(&self, group: &mut [&Pod]) -> Result<(), ClusterError> {
+        let name = |p: &&Pod| p.metadata.name.clone().unwrap_or_default();
+        match self.order {
+            OrderMode::Name => group.sort_by_key(name),
+            OrderMode::Index => {
+                let indexes: Option<Vec<(u64, &str)>> = group.iter().map(|p| order::pod_index(p)).collect();
+                if indexes.is_some() && !group.is_empty() {
+                    group.sort_by_key(|p| order::pod_index(p).map(|(i, _)| i));
+                    for w in group.windows(2) {
+                        let (a, b) = (order::pod_index(w[0]), order::pod_index(w[1]));
+                        if let (Some((i, key)), Some((j, _))) = (a, b)
+                            && i == j
+                        {
+                            return Err(ClusterError::Inconsistent(format!(
+                                "pods {:?} and {:?} both have index {i} ({key}); each index must be used once",
+                                name(&w[0]),
+                                name(&w[1])
+                            )));
+                        }
+                    }
+                } else {
+                    group.sort_by(|a, b| order::natural_cmp(&name(a), &name(b)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks at the pods and either resolves the cluster or says what is missing.
+    ///
+    /// `expected` holds the count of each type that is known (from `--expect` or the
+    /// owning controller). A pod that several job types match is an error: its task
+    /// would be ambiguous.
+    pub fn assess(&self, pods: &[&Pod], expected: &BTreeMap<String, usize>) -> Result<Assessment, ClusterError> {
+        let mut cluster = Cluster::default();
+        let mut shortfalls = Vec::new();
+        let mut owner_type: BTreeMap<&str, &str> = BTreeMap::new();
+        for job in &self.jobs {
+            let members = self.members(job, pods)?;
+            for p in &members {
+                if let Some(other) = owner_type.insert(uid(p), &job.task_type) {
+                    return Err(ClusterError::Inconsistent(format!(
+                        "pod {:?} matches the selectors of both job types {other:?} and {:?}; make the selectors disjoint",
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                        job.task_type
+                    )));
+                }
+            }
+            // With --address dns, a pod without hostname/subdomain can never get an
+            // address: fail now rather than wait for the timeout.
+            if self.address == AddressMode::Dns {
+                for p in &members {
+                    self.dns_name(p)?;
+                }
+            }
+            let not_ready: Vec<(String, String)> = members
+                .iter()
+                .filter_map(|p| {
+                    readiness(p, self.ready, self.address)
+                        .err()
+                        .map(|why| (p.metadata.name.clone().unwrap_or_default(), why))
+                })
+                .collect();
+            let want = expected.get(&job.task_type).copied();
+            let ready = members.len() - not_ready.len();
+            if want != Some(members.len()) || !not_ready.is_empty() {
+                shortfalls.push(Shortfall {
+                    task_type: job.task_type.clone(),
+                    expected: want,
+                    live: members.len(),
+                    ready,
+                    not_ready,
+                });
+                continue;
+            }
+            let mut peers = Vec::with_capacity(members.len());
+            for (index, p) in members.iter().enumerate() {
+                let host = self.host(p)?.unwrap_or_default();
+                peers.push(Peer {
+                    name: p.metadata.name.clone().unwrap_or_default(),
+                    task_type: job.task_type.clone(),
+                    index,
+                    address: format!("{}:{}", bracket_v6(&host), self.port_of(p)),
+                    node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    uid: uid(p).to_string(),
+                    namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                });
+            }
+            cluster.tasks.insert(job.task_type.clone(), peers);
+        }
+        Ok(if shortfalls.is_empty() {
+            Assessment::Complete(cluster)
+        } else {
+            Assessment::Waiting(shortfalls)
+        })
+    }
+
+    /// This pod's own task: the override if given (checked against the cluster), else
+    /// the one task whose pod has this uid.
+    pub fn own_task(&self, cluster: &Cluster, own_uid: &str, own_name: &str, over: Option<Task>) -> Result<Task, ClusterError> {
+        if let Some(t) = over {
+            let n = cluster.tasks.get(&t.task_type).map_or(0, Vec::len);
+            if n == 0 {
+                return Err(ClusterError::Inconsistent(format!(
+                    "--task-type {:?} is not a job type of the cluster ({})",
+                    t.task_type,
+                    cluster.summary()
+                )));
+            }
+            if t.index >= n {
+                return Err(ClusterError::Inconsistent(format!(
+                    "--task-index {} is out of range: {} has {n} tasks",
+                    t.index, t.task_type
+                )));
+            }
+            return Ok(t);
+        }
+        cluster
+            .tasks
+            .values()
+            .flatten()
+            .find(|p| p.uid == own_uid)
+            .map(|p| Task {
+                task_type: p.task_type.clone(),
+                index: p.index,
+            })
+            .ok_or_else(|| ClusterError::Inconsistent(self.no_match_message(own_name)))
+    }
+
+    /// Checks, before any waiting, that this pod belongs to exactly one job type.
+    pub fn check_own_pod(&self, pod: &Pod) -> Result<(), ClusterError> {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        match self.types_of(pod).as_slice() {
+            [_] => Ok(()),
+            [] => Err(ClusterError::Inconsistent(self.no_match_message(name))),
+            many => Err(ClusterError::Inconsistent(format!(
+                "this pod {name:?} matches the selectors of several job types ({}); make the selectors disjoint or pass --task-type and --task-index",
+                many.join(", ")
+            ))),
+        }
+    }
+
+    fn no_match_message(&self, name: &str) -> String {
+        let jobs: Vec<String> = self
+            .jobs
+            .iter()
+            .map(|j| {
+                let sels: Vec<String> = j.selectors.iter().map(ToString::to_string).collect();
+                format!("{}: {}", j.task_type, sels.join(" | "))
+            })
+            .collect();
+        format!(
+            "this pod {name:?} matches none of the job selectors ({}); fix its labels or the selectors, or pass --task-type and --task-index",
+            jobs.join("; ")
+        )
+    }
+}
+
+fn uid(p: &Pod) -> &str {
+    p.metadata
+        .uid
+        .as_deref()
+        .or(p.metadata.name.as_deref())
+        .unwrap_or_default()
+}
+
+fn bracket_v6(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests;

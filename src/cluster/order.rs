@@ -1,0 +1,106 @@
+//! Task order within a job type. TensorFlow's resolver sorts names lexicographically,
+//! so `worker-10` lands before `worker-2` and task indexes shift whenever a job grows
+//! past ten pods. trainlet prefers the index that Kubernetes already gives each pod, and
+//! falls back to a natural order of names.
+
+use std::cmp::Ordering;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// Where an index can come from, in order of preference. Indexed Jobs set the first (as
+/// label and annotation), StatefulSets the second (since 1.28), Kubeflow the third.
+pub const INDEX_KEYS: [&str; 3] = [
+    "batch.kubernetes.io/job-completion-index",
+    "apps.kubernetes.io/pod-index",
+    "training.kubeflow.org/replica-index",
+];
+
+/// The pod's index and the key it came from, or `None` when it carries none. A value
+/// that is not a number is treated as no index.
+pub fn pod_index(pod: &Pod) -> Option<(u64, &'static str)> {
+    let meta = &pod.metadata;
+    for key in INDEX_KEYS {
+        let value = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .or_else(|| meta.annotations.as_ref().and_then(|a| a.get(key)));
+        if let Some(i) = value.and_then(|v| v.trim().parse::<u64>().ok()) {
+            return Some((i, key));
+        }
+    }
+    None
+}
+
+/// Compares names so that runs of digits compare as numbers: `w-2` < `w-10`.
+/// Ties (`w-01` and `w-1`) fall back to plain byte order, so the order is total.
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(cx), Some(cy)) if cx.is_ascii_digit() && cy.is_ascii_digit() => {
+                let dx = x.iter().take_while(|c| c.is_ascii_digit()).count();
+                let dy = y.iter().take_while(|c| c.is_ascii_digit()).count();
+                let nx = trim_zeros(&x[..dx]);
+                let ny = trim_zeros(&y[..dy]);
+                let ord = nx.len().cmp(&ny.len()).then_with(|| nx.cmp(ny));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+                x = &x[dx..];
+                y = &y[dy..];
+            }
+            (Some(cx), Some(cy)) => {
+                if cx != cy {
+                    return cx.cmp(cy);
+                }
+                x = &x[1..];
+                y = &y[1..];
+            }
+        }
+    }
+}
+
+fn trim_zeros(d: &[u8]) -> &[u8] {
+    let n = d.iter().take_while(|&&c| c == b'0').count();
+    &d[n..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order_puts_2_before_10() {
+        let mut names: Vec<String> = (0..12).map(|i| format!("worker-{i}")).collect();
+        names.reverse();
+        names.sort_by(|a, b| natural_cmp(a, b));
+        let want: Vec<String> = (0..12).map(|i| format!("worker-{i}")).collect();
+        assert_eq!(names, want);
+    }
+
+    #[test]
+    fn natural_order_is_total_and_mixed() {
+        let mut names = vec!["w-01", "w-1", "w-a", "w-", "w-10b", "w-10a", "w-9", "tensorflow-abc123", "tensorflow-999999"];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            names,
+            ["tensorflow-999999", "tensorflow-abc123", "w-", "w-01", "w-1", "w-9", "w-10a", "w-10b", "w-a"]
+        );
+    }
+
+    #[test]
+    fn index_prefers_job_completion_index_and_reads_annotations() {
+        let mut pod = Pod::default();
+        pod.metadata.annotations = Some([("batch.kubernetes.io/job-completion-index".to_string(), "3".to_string())].into());
+        pod.metadata.labels = Some([("apps.kubernetes.io/pod-index".to_string(), "7".to_string())].into());
+        assert_eq!(pod_index(&pod), Some((3, INDEX_KEYS[0])));
+        pod.metadata.annotations = None;
+        assert_eq!(pod_index(&pod), Some((7, INDEX_KEYS[1])));
+        pod.metadata.labels = Some([("training.kubeflow.org/replica-index".to_string(), "x".to_string())].into());
+        assert_eq!(pod_index(&pod), None);
+    }
+}

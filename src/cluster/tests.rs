@@ -1,0 +1,251 @@
+use super::*;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus};
+
+fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+    let mut p = Pod::default();
+    p.metadata.name = Some(name.into());
+    p.metadata.namespace = Some("ns".into());
+    p.metadata.uid = Some(format!("uid-{name}"));
+    p.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    p.spec = Some(PodSpec {
+        node_name: Some("node-a".into()),
+        ..Default::default()
+    });
+    p
+}
+
+fn running(mut p: Pod, ip: &str) -> Pod {
+    p.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some(ip.into()),
+        host_ip: Some("192.168.0.1".into()),
+        ..Default::default()
+    });
+    p
+}
+
+fn resolver(jobs: &[&str]) -> Resolver {
+    Resolver {
+        jobs: parse_job_flags(&jobs.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
+        port: 8470,
+        port_name: None,
+        address: AddressMode::PodIp,
+        cluster_domain: "cluster.local".into(),
+        order: OrderMode::Index,
+        ready: ReadyMode::Running,
+    }
+}
+
+fn complete(a: Assessment) -> Cluster {
+    match a {
+        Assessment::Complete(c) => c,
+        Assessment::Waiting(s) => panic!("not complete: {s:?}"),
+    }
+}
+
+fn expect(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[test]
+fn tensorflow_parity_name_order() {
+    let mut r = resolver(&["worker=job-name=tensorflow"]);
+    r.order = OrderMode::Name;
+    let pods = [
+        running(pod("tensorflow-abc123", &[("job-name", "tensorflow")]), "10.1.2.3"),
+        running(pod("tensorflow-def456", &[("job-name", "tensorflow")]), "10.1.2.4"),
+        running(pod("tensorflow-999999", &[("job-name", "tensorflow")]), "10.1.2.5"),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 3)])).unwrap());
+    assert_eq!(
+        c.spec()["worker"],
+        ["10.1.2.5:8470", "10.1.2.3:8470", "10.1.2.4:8470"]
+    );
+}
+
+#[test]
+fn selectors_of_one_type_concatenate_in_order() {
+    let r = resolver(&["worker=job-name=second", "worker=job-name=first"]);
+    let pods = [
+        running(pod("a", &[("job-name", "first")]), "10.0.0.1"),
+        running(pod("b", &[("job-name", "second")]), "10.0.0.2"),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 2)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.2:8470", "10.0.0.1:8470"]);
+}
+
+#[test]
+fn index_annotation_beats_name_and_duplicates_fail() {
+    let r = resolver(&["worker=app=x"]);
+    let mut pods = Vec::new();
+    for (name, idx) in [("zeta", "0"), ("alpha", "2"), ("mid", "1")] {
+        let mut p = running(pod(name, &[("app", "x")]), &format!("10.0.0.{idx}"));
+        p.metadata.annotations = Some([(order::INDEX_KEYS[0].to_string(), idx.to_string())].into());
+        pods.push(p);
+    }
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 3)])).unwrap());
+    let names: Vec<&str> = c.tasks["worker"].iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["zeta", "mid", "alpha"]);
+
+    pods[1].metadata.annotations = Some([(order::INDEX_KEYS[0].to_string(), "0".to_string())].into());
+    let refs: Vec<&Pod> = pods.iter().collect();
+    assert_eq!(
+        r.assess(&refs, &expect(&[("worker", 3)])).unwrap_err(),
+        ClusterError::Inconsistent(
+            "pods \"zeta\" and \"alpha\" both have index 0 (batch.kubernetes.io/job-completion-index); each index must be used once".into()
+        )
+    );
+}
+
+#[test]
+fn terminal_and_terminating_pods_are_not_peers() {
+    let r = resolver(&["worker=app=x"]);
+    let mut failed = running(pod("w-0-old", &[("app", "x")]), "10.0.0.9");
+    failed.status.as_mut().unwrap().phase = Some("Failed".into());
+    let mut deleting = running(pod("w-1-old", &[("app", "x")]), "10.0.0.8");
+    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+    let pods = [failed, deleting, running(pod("w-0", &[("app", "x")]), "10.0.0.1")];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.1:8470"]);
+}
+
+#[test]
+fn waiting_says_what_is_missing_and_why() {
+    let r = resolver(&["worker=app=x"]);
+    let mut pending = pod("w-1", &[("app", "x")]);
+    pending.spec.as_mut().unwrap().node_name = None;
+    pending.status = Some(PodStatus {
+        phase: Some("Pending".into()),
+        conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let pods = [running(pod("w-0", &[("app", "x")]), "10.0.0.1"), pending];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let Assessment::Waiting(s) = r.assess(&refs, &expect(&[("worker", 3)])).unwrap() else {
+        panic!("complete")
+    };
+    assert_eq!(
+        s[0].describe(),
+        "worker: expected 3, ready 1 of 2 live (1 missing); pod \"w-1\" is Pending (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"
+    );
+}
+
+#[test]
+fn peers_waiting_in_their_init_containers_count() {
+    // Every pod of the job runs `trainlet init` at the same time: they are all Pending
+    // with a pod IP. Requiring Running would deadlock them.
+    let r = resolver(&["worker=app=x"]);
+    let mut p = pod("w-0", &[("app", "x")]);
+    p.status = Some(PodStatus {
+        phase: Some("Pending".into()),
+        pod_ip: Some("10.0.0.1".into()),
+        init_container_statuses: Some(vec![ContainerStatus {
+            name: "trainlet-init".into(),
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let pods = [p];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
+}
+
+#[test]
+fn own_pod_must_match_exactly_one_type() {
+    let r = resolver(&["ps=role=ps", "worker=app=x"]);
+    let both = pod("w", &[("app", "x"), ("role", "ps")]);
+    assert_eq!(
+        r.check_own_pod(&both).unwrap_err().to_string(),
+        "this pod \"w\" matches the selectors of several job types (ps, worker); make the selectors disjoint or pass --task-type and --task-index"
+    );
+    let none = pod("n", &[("app", "y")]);
+    assert_eq!(
+        r.check_own_pod(&none).unwrap_err().to_string(),
+        "this pod \"n\" matches none of the job selectors (ps: role=ps; worker: app=x); fix its labels or the selectors, or pass --task-type and --task-index"
+    );
+}
+
+#[test]
+fn dns_addresses_and_named_ports() {
+    let mut r = resolver(&["worker=app=x"]);
+    r.address = AddressMode::Dns;
+    r.port_name = Some("tfjob-port".into());
+    let mut p = running(pod("w-0", &[("app", "x")]), "10.0.0.1");
+    let spec = p.spec.as_mut().unwrap();
+    spec.hostname = Some("w-0".into());
+    spec.subdomain = Some("w".into());
+    spec.containers = vec![k8s_openapi::api::core::v1::Container {
+        name: "tf".into(),
+        ports: Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            name: Some("tfjob-port".into()),
+            container_port: 2222,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }];
+    let pods = [p];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["w-0.w.ns.svc.cluster.local:2222"]);
+
+    let bare = [running(pod("w-9", &[("app", "x")]), "10.0.0.2")];
+    let refs: Vec<&Pod> = bare.iter().collect();
+    assert!(
+        r.assess(&refs, &expect(&[("worker", 1)]))
+            .unwrap_err()
+            .to_string()
+            .starts_with("pod \"w-9\" has no spec.hostname and spec.subdomain, which --address dns needs")
+    );
+}
+
+#[test]
+fn ipv6_addresses_are_bracketed() {
+    let r = resolver(&["worker=app=x"]);
+    let pods = [running(pod("w-0", &[("app", "x")]), "fd00::1")];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["[fd00::1]:8470"]);
+}
+
+#[test]
+fn job_flags_and_mapping_agree() {
+    let a = parse_job_flags(&["worker=job-name=w".into(), "ps=job-name=p".into()]).unwrap();
+    let b = parse_mapping(r#"{"worker":["job-name=w"],"ps":["job-name=p"]}"#).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_job_and_expect_flags() {
+    assert_eq!(
+        parse_job_flags(&["worker".into()]).unwrap_err().to_string(),
+        "invalid --job \"worker\": expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker"
+    );
+    assert_eq!(
+        parse_job_flags(&["1w=app=x".into()]).unwrap_err().to_string(),
+        "invalid --job \"1w=app=x\": task type \"1w\" must start with a letter and contain only letters, digits, '_' and '-'"
+    );
+    let jobs = parse_job_flags(&["worker=app=x".into()]).unwrap();
+    assert_eq!(
+        parse_expect(&["ps=1".into()], &jobs).unwrap_err().to_string(),
+        "invalid --expect \"ps=1\": \"ps\" is not a job type given by --job (worker)"
+    );
+    assert_eq!(
+        parse_expect(&["worker=0".into()], &jobs).unwrap_err().to_string(),
+        "invalid --expect \"worker=0\": N must be at least 1"
+    );
+    assert!(parse_mapping("[1]").unwrap_err().to_string().starts_with("invalid --job-to-label-mapping: not a JSON object"));
+}

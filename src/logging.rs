@@ -1,0 +1,24 @@
+//! Logs go to stderr, so stdout stays clean for the JSON that `resolve`, `master` and
+//! `gpus` print. Text for people, JSON for clusters whose log collectors parse lines.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::Failure;
+use crate::cli::LogFormat;
+
+/// Installs the global subscriber. An invalid filter is a usage error (exit 2).
+pub fn init(format: LogFormat, filter: &str) -> Result<(), Failure> {
+    let filter = EnvFilter::try_new(filter)
+        .map_err(|e| Failure::usage(format!("invalid --log-level {filter:?}: {e}")))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    // A second init (only possible in tests) keeps the first subscriber.
+    let _ = result;
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! The `trainlet` binary: parse the command line, set up logging, dispatch, and turn the
+//! outcome into an exit code. Everything else lives in the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+use trainlet::cli::Cli;
+use trainlet::{Code, Failure};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    if let Err(f) = trainlet::logging::init(cli.log_format, &cli.log_level) {
+        return fail(f);
+    }
+    match trainlet::cmd::run(cli.command) {
+        Ok(code) => code.into(),
+        Err(f) => fail(f),
+    }
+}
+
+/// Help and version go to stdout with exit 0; a usage error becomes one line and exit 2,
+/// instead of clap's multi-line usage block, so container logs stay greppable.
+fn clap_exit(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            Code::Usage.into()
+        }
+        _ => {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments");
+            let msg = first.strip_prefix("error: ").unwrap_or(first);
+            fail(Failure::usage(format!("{msg} (see trainlet --help)")))
+        }
+    }
+}
+
+fn fail(f: Failure) -> ExitCode {
+    eprintln!("trainlet: error: {f}");
+    f.code.into()
+}

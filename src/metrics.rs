@@ -1,0 +1,1 @@
+//! Prometheus metrics and the admin server.

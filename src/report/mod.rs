@@ -1,0 +1,1 @@
+//! The reporters of `trainlet sidecar` and `trainlet exec --report`.

@@ -1,0 +1,271 @@
+//! The output files of `trainlet init`, rendered by pure functions, and the atomic
+//! writer that puts them in place.
+//!
+//! - `tf_config.json`: exactly the TF_CONFIG value, compact, `cluster` keys sorted, so
+//!   every pod of a job writes a byte-identical `cluster` section.
+//! - `trainlet.env`: `export` lines, single-quoted, safe to `source` from any shell.
+//! - `cluster.json`: the full picture for people and for `trainlet master`.
+//!
+//! Each file is written to a temporary file in the same directory and renamed into
+//! place, so a reader (or a rerun after `kill -9`) never sees half a file.
+//! `tf_config.json` is written last: its presence means the set is complete.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::cluster::{Cluster, Peer, Task};
+use crate::{Code, Failure};
+
+pub const TF_CONFIG_FILE: &str = "tf_config.json";
+pub const ENV_FILE: &str = "trainlet.env";
+pub const CLUSTER_FILE: &str = "cluster.json";
+
+#[derive(Debug, Error)]
+pub enum OutputError {
+    #[error("cannot write {path}: {source} (is --output-dir a writable volume?)")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not valid trainlet output: {why}")]
+    Invalid { path: PathBuf, why: String },
+}
+
+impl From<OutputError> for Failure {
+    fn from(e: OutputError) -> Self {
+        Failure::new(Code::Internal, e.to_string())
+    }
+}
+
+/// TF_CONFIG, with fields in the order TensorFlow and Kubeflow write them.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TfConfig {
+    pub cluster: BTreeMap<String, Vec<String>>,
+    pub task: Task,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub environment: Option<String>,
+}
+
+impl TfConfig {
+    pub fn new(cluster: &Cluster, task: Task, environment: Option<String>) -> Self {
+        TfConfig {
+            cluster: cluster
+                .spec()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+                .collect(),
+            task,
+            environment,
+        }
+    }
+
+    /// Compact JSON, the exact value of the TF_CONFIG variable.
+    pub fn render(&self) -> String {
+        serde_json::to_string(self).expect("TF_CONFIG is plain data")
+    }
+}
+
+/// `trainlet.env`: sourced by shells in the main container.
+pub fn render_env(tf: &TfConfig) -> String {
+    format!(
+        "# Written by trainlet init. Source it: . {ENV_FILE}\nexport TF_CONFIG={}\nexport TRAINLET_TASK_TYPE={}\nexport TRAINLET_TASK_INDEX={}\n",
+        shell_quote(&tf.render()),
+        shell_quote(&tf.task.task_type),
+        tf.task.index
+    )
+}
+
+/// Single-quotes a value for POSIX shells: `'` becomes `'\''`.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// `cluster.json`: what `trainlet master` reads, and what a person debugging reads.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub cluster: BTreeMap<String, Vec<String>>,
+    pub task: Task,
+    pub master: String,
+    pub peers: Vec<PeerEntry>,
+    /// RFC 3339 time of the resolution.
+    pub resolved_at: String,
+    /// Seconds spent waiting for the peers.
+    pub waited_seconds: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeerEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub task_type: String,
+    pub index: usize,
+    pub address: String,
+    pub node: Option<String>,
+    pub uid: String,
+}
+
+impl From<&Peer> for PeerEntry {
+    fn from(p: &Peer) -> Self {
+        PeerEntry {
+            name: p.name.clone(),
+            task_type: p.task_type.clone(),
+            index: p.index,
+            address: p.address.clone(),
+            node: p.node.clone(),
+            uid: p.uid.clone(),
+        }
+    }
+}
+
+/// `grpc://10.0.0.6:8470`, or the bare address when the rpc layer is empty.
+pub fn master_url(rpc_layer: &str, address: &str) -> String {
+    if rpc_layer.is_empty() {
+        address.to_string()
+    } else {
+        format!("{rpc_layer}://{address}")
+    }
+}
+
+pub fn render_cluster_file(tf: &TfConfig, cluster: &Cluster, rpc_layer: &str, resolved_at: &str, waited_seconds: f64) -> String {
+    let own = cluster
+        .task(&tf.task.task_type, tf.task.index)
+        .map(|p| p.address.as_str())
+        .unwrap_or_default();
+    let file = ClusterFile {
+        cluster: tf.cluster.clone(),
+        task: tf.task.clone(),
+        master: master_url(rpc_layer, own),
+        peers: cluster.tasks.values().flatten().map(PeerEntry::from).collect(),
+        resolved_at: resolved_at.to_string(),
+        waited_seconds: (waited_seconds * 1000.0).round() / 1000.0,
+    };
+    let mut s = serde_json::to_string_pretty(&file).expect("plain data");
+    s.push('\n');
+    s
+}
+
+/// Writes `contents` to `dir/name` through a temporary file and a rename, with mode
+/// 0644 so that a main container running as another user can read it.
+pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), OutputError> {
+    let path = dir.join(name);
+    let err = |source| OutputError::Write { path: path.clone(), source };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .tempfile_in(dir)
+        .map_err(err)?;
+    tmp.write_all(contents).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    use std::os::unix::fs::PermissionsExt;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(err)?;
+    tmp.persist(&path).map_err(|e| err(e.error))?;
+    Ok(())
+}
+
+/// Reads a TF_CONFIG written earlier, e.g. by the init container, for `trainlet exec`.
+pub fn read_tf_config(path: &Path) -> Result<(String, TfConfig), OutputError> {
+    let raw = std::fs::read_to_string(path).map_err(|source| OutputError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let tf: TfConfig = serde_json::from_str(raw.trim()).map_err(|e| OutputError::Invalid {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    Ok((raw.trim().to_string(), tf))
+}
+
+pub fn read_cluster_file(path: &Path) -> Result<ClusterFile, OutputError> {
+    let raw = std::fs::read_to_string(path).map_err(|source| OutputError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&raw).map_err(|e| OutputError::Invalid {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> Cluster {
+        let peer = |t: &str, i: usize, a: &str| Peer {
+            name: format!("{t}-{i}"),
+            task_type: t.into(),
+            index: i,
+            address: a.into(),
+            node: Some("n1".into()),
+            uid: format!("u-{t}-{i}"),
+            namespace: "ns".into(),
+        };
+        let mut c = Cluster::default();
+        c.tasks.insert("worker".into(), vec![peer("worker", 0, "10.0.0.6:8470"), peer("worker", 1, "10.0.0.7:8470")]);
+        c.tasks.insert("ps".into(), vec![peer("ps", 0, "10.0.0.5:8470")]);
+        c
+    }
+
+    #[test]
+    fn tf_config_is_exact_and_sorted() {
+        let task = Task {
+            task_type: "worker".into(),
+            index: 1,
+        };
+        let tf = TfConfig::new(&cluster(), task.clone(), None);
+        assert_eq!(
+            tf.render(),
+            r#"{"cluster":{"ps":["10.0.0.5:8470"],"worker":["10.0.0.6:8470","10.0.0.7:8470"]},"task":{"type":"worker","index":1}}"#
+        );
+        let tf = TfConfig::new(&cluster(), task, Some("cloud".into()));
+        assert!(tf.render().ends_with(r#""task":{"type":"worker","index":1},"environment":"cloud"}"#));
+    }
+
+    #[test]
+    fn env_file_is_safely_quoted() {
+        let tf = TfConfig::new(
+            &cluster(),
+            Task {
+                task_type: "ps".into(),
+                index: 0,
+            },
+            Some("it's".into()),
+        );
+        let env = render_env(&tf);
+        assert!(env.contains(r#"export TF_CONFIG='{"cluster":"#), "{env}");
+        assert!(env.contains(r#""environment":"it'\''s"}'"#), "{env}");
+        assert!(env.ends_with("export TRAINLET_TASK_TYPE='ps'\nexport TRAINLET_TASK_INDEX=0\n"));
+    }
+
+    #[test]
+    fn cluster_file_names_master_and_peers() {
+        let tf = TfConfig::new(
+            &cluster(),
+            Task {
+                task_type: "worker".into(),
+                index: 0,
+            },
+            None,
+        );
+        let s = render_cluster_file(&tf, &cluster(), "grpc", "2026-01-01T00:00:00Z", 3.21234);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["master"], "grpc://10.0.0.6:8470");
+        assert_eq!(v["peers"][0]["name"], "ps-0");
+        assert_eq!(v["peers"].as_array().unwrap().len(), 3);
+        assert_eq!(v["waited_seconds"], 3.212);
+    }
+
+    #[test]
+    fn atomic_write_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        write_atomic(dir.path(), "a.json", b"{}").unwrap();
+        write_atomic(dir.path(), "a.json", b"{\"x\":1}").unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["a.json"]);
+        assert_eq!(std::fs::read_to_string(dir.path().join("a.json")).unwrap(), "{\"x\":1}");
+    }
+}
