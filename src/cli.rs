@@ -15,18 +15,30 @@ use crate::cmd;
 /// trainlet: TF_CONFIG for distributed TensorFlow on Kubernetes without an operator,
 /// and a reporter for the GPU, port and OOM trouble of training pods.
 #[derive(Debug, Parser)]
-#[command(name = "trainlet", version, propagate_version = true, max_term_width = 100)]
-#[command(after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
+#[command(
+    name = "trainlet",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+#[command(
+    after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
 for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
 Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
-4 Kubernetes API error, 5 inconsistent peers, 6 port conflict.")]
+4 Kubernetes API error, 5 inconsistent peers, 6 port conflict."
+)]
 pub struct Cli {
     /// Log format: `text` for people, `json` for log collectors in clusters.
     #[arg(long, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
     /// Log filter, in tracing's EnvFilter syntax, e.g. `info` or `trainlet=debug,kube=warn`.
-    #[arg(long, env = "TRAINLET_LOG_LEVEL", default_value = "info", global = true)]
+    #[arg(
+        long,
+        env = "TRAINLET_LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
     pub log_level: String,
 
     #[command(subcommand)]
@@ -86,18 +98,33 @@ pub struct ClusterArgs {
     /// `worker=app=mnist,role=worker` or `ps=job-name in (ps),tier!=canary`. Repeatable;
     /// several --job for one type concatenate their pods in the order given, as
     /// TensorFlow does. In the env var, separate entries with `;`.
-    #[arg(long = "job", env = "TRAINLET_JOB", value_name = "TYPE=SELECTOR", value_delimiter = ';')]
+    #[arg(
+        long = "job",
+        env = "TRAINLET_JOB",
+        value_name = "TYPE=SELECTOR",
+        value_delimiter = ';'
+    )]
     pub jobs: Vec<String>,
 
     /// TensorFlow's job_to_label_mapping as JSON, e.g.
     /// '{"worker":["job-name=w"],"ps":["job-name=p"]}'. An alternative to --job.
-    #[arg(long, env = "TRAINLET_JOB_TO_LABEL_MAPPING", value_name = "JSON", conflicts_with = "jobs")]
+    #[arg(
+        long,
+        env = "TRAINLET_JOB_TO_LABEL_MAPPING",
+        value_name = "JSON",
+        conflicts_with = "jobs"
+    )]
     pub job_to_label_mapping: Option<String>,
 
     /// Expected number of pods per type, e.g. `ps=2,worker=4`. Default: derived from the
     /// Job (completions when Indexed, else parallelism), StatefulSet or ReplicaSet that
     /// owns the matched pods.
-    #[arg(long, env = "TRAINLET_EXPECT", value_name = "TYPE=N", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "TRAINLET_EXPECT",
+        value_name = "TYPE=N",
+        value_delimiter = ','
+    )]
     pub expect: Vec<String>,
 
     /// Namespace to find peers in. Default: this pod's namespace.
@@ -124,7 +151,12 @@ pub struct ClusterArgs {
     pub address: AddressMode,
 
     /// Cluster DNS domain, for --address dns.
-    #[arg(long, env = "TRAINLET_CLUSTER_DOMAIN", value_name = "DOMAIN", default_value = "cluster.local")]
+    #[arg(
+        long,
+        env = "TRAINLET_CLUSTER_DOMAIN",
+        value_name = "DOMAIN",
+        default_value = "cluster.local"
+    )]
     pub cluster_domain: String,
 
     /// Task order within a type: `index` uses the pods' Job completion, StatefulSet or
@@ -139,15 +171,31 @@ pub struct ClusterArgs {
     pub ready: ReadyMode,
 
     /// Override this pod's task type (TensorFlow's settable task_type).
-    #[arg(long, env = "TRAINLET_TASK_TYPE", value_name = "TYPE", requires = "task_index")]
+    #[arg(
+        long,
+        env = "TRAINLET_TASK_TYPE",
+        value_name = "TYPE",
+        requires = "task_index"
+    )]
     pub task_type: Option<String>,
 
     /// Override this pod's task index (TensorFlow's settable task_id).
-    #[arg(long, alias = "task-id", env = "TRAINLET_TASK_INDEX", value_name = "I", requires = "task_type")]
+    #[arg(
+        long,
+        alias = "task-id",
+        env = "TRAINLET_TASK_INDEX",
+        value_name = "I",
+        requires = "task_type"
+    )]
     pub task_index: Option<usize>,
 
     /// RPC layer of the master address, e.g. grpc:// in cluster.json's "master".
-    #[arg(long, env = "TRAINLET_RPC_LAYER", value_name = "LAYER", default_value = "grpc")]
+    #[arg(
+        long,
+        env = "TRAINLET_RPC_LAYER",
+        value_name = "LAYER",
+        default_value = "grpc"
+    )]
     pub rpc_layer: String,
 
     /// Adds "environment" to TF_CONFIG, e.g. `cloud` as Kubeflow does.
@@ -179,7 +227,12 @@ pub enum ReadyMode {
 pub struct OutputArgs {
     /// Directory for tf_config.json, trainlet.env and cluster.json, usually a shared
     /// emptyDir.
-    #[arg(long, env = "TRAINLET_OUTPUT_DIR", value_name = "DIR", default_value = "/etc/trainlet")]
+    #[arg(
+        long,
+        env = "TRAINLET_OUTPUT_DIR",
+        value_name = "DIR",
+        default_value = "/etc/trainlet"
+    )]
     pub output_dir: PathBuf,
 
     /// Also copy the trainlet binary into DIR (usually a shared emptyDir), so the main
@@ -188,7 +241,12 @@ pub struct OutputArgs {
     pub install_to: Option<PathBuf>,
 
     /// How long to wait for peers, e.g. 90s, 10m or 1h; 0 waits forever.
-    #[arg(long, env = "TRAINLET_TIMEOUT", value_name = "DURATION", default_value = "10m")]
+    #[arg(
+        long,
+        env = "TRAINLET_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "10m"
+    )]
     pub timeout: String,
 }
 
@@ -211,16 +269,31 @@ pub struct ReportArgs {
 
     /// How often the probes run (GPUs, ports, pod status). OOM kills are watched
     /// continuously and reported within about a second.
-    #[arg(long, env = "TRAINLET_INTERVAL", value_name = "DURATION", default_value = "5s")]
+    #[arg(
+        long,
+        env = "TRAINLET_INTERVAL",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
     pub interval: String,
 
     /// At most one annotation patch per this interval; an OOM kill or a new port
     /// conflict is published at once.
-    #[arg(long, env = "TRAINLET_MIN_PATCH_INTERVAL", value_name = "DURATION", default_value = "10s")]
+    #[arg(
+        long,
+        env = "TRAINLET_MIN_PATCH_INTERVAL",
+        value_name = "DURATION",
+        default_value = "10s"
+    )]
     pub min_patch_interval: String,
 
     /// Address of the Prometheus endpoint (/metrics, /livez, /readyz); `off` disables it.
-    #[arg(long, env = "TRAINLET_METRICS_ADDR", value_name = "ADDR", default_value = "0.0.0.0:9464")]
+    #[arg(
+        long,
+        env = "TRAINLET_METRICS_ADDR",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:9464"
+    )]
     pub metrics_addr: String,
 }
 
@@ -273,9 +346,16 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("--timeout", "0").unwrap().as_secs(), 0);
         assert_eq!(parse_duration("--timeout", "10m").unwrap().as_secs(), 600);
-        assert_eq!(parse_duration("--timeout", "1h 30m").unwrap().as_secs(), 5400);
+        assert_eq!(
+            parse_duration("--timeout", "1h 30m").unwrap().as_secs(),
+            5400
+        );
         let e = parse_duration("--timeout", "soon").unwrap_err();
         assert_eq!(e.code, crate::Code::Usage);
-        assert!(e.message.starts_with("invalid --timeout \"soon\""), "{}", e.message);
+        assert!(
+            e.message.starts_with("invalid --timeout \"soon\""),
+            "{}",
+            e.message
+        );
     }
 }

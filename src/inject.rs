@@ -9,7 +9,12 @@ use crate::{Code, Failure};
 #[derive(Debug, Clone, Args)]
 pub struct InjectArgs {
     /// Kubernetes YAML to read; `-` or absent reads standard input.
-    #[arg(short = 'f', long = "filename", env = "TRAINLET_FILENAME", value_name = "FILE")]
+    #[arg(
+        short = 'f',
+        long = "filename",
+        env = "TRAINLET_FILENAME",
+        value_name = "FILE"
+    )]
     pub filename: Option<PathBuf>,
 }
 

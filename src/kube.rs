@@ -22,11 +22,18 @@ const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/n
 pub enum KubeError {
     #[error("cannot load kubeconfig {path}: {why}")]
     Kubeconfig { path: PathBuf, why: String },
-    #[error("no Kubernetes configuration: not in a cluster ({incluster}) and no kubeconfig ({kubeconfig}); pass --kubeconfig")]
-    NoConfig { incluster: String, kubeconfig: String },
+    #[error(
+        "no Kubernetes configuration: not in a cluster ({incluster}) and no kubeconfig ({kubeconfig}); pass --kubeconfig"
+    )]
+    NoConfig {
+        incluster: String,
+        kubeconfig: String,
+    },
     #[error("cannot build the Kubernetes client: {0}")]
     Client(String),
-    #[error("cannot tell this pod's name: pass --pod-name or set POD_NAME from the downward API (metadata.name)")]
+    #[error(
+        "cannot tell this pod's name: pass --pod-name or set POD_NAME from the downward API (metadata.name)"
+    )]
     NoPodName,
     #[error(
         "forbidden: cannot {verb} {resource} in namespace {namespace:?}: the Role bound to {user} lacks verb {verb:?} on {resource:?}; apply manifests/rbac.yaml ({message})"
@@ -38,20 +45,40 @@ pub enum KubeError {
         user: String,
         message: String,
     },
-    #[error("unauthorized: the API server rejected the credentials while trying to {verb} {resource} ({message})")]
-    Unauthorized { verb: String, resource: String, message: String },
+    #[error(
+        "unauthorized: the API server rejected the credentials while trying to {verb} {resource} ({message})"
+    )]
+    Unauthorized {
+        verb: String,
+        resource: String,
+        message: String,
+    },
     #[error("{resource} {name:?} not found in namespace {namespace:?}")]
-    NotFound { resource: String, name: String, namespace: String },
+    NotFound {
+        resource: String,
+        name: String,
+        namespace: String,
+    },
     #[error("Kubernetes API error while trying to {verb} {resource}: {message}")]
-    Api { verb: String, resource: String, message: String },
+    Api {
+        verb: String,
+        resource: String,
+        message: String,
+    },
     #[error("cannot reach the Kubernetes API server while trying to {verb} {resource}: {message}")]
-    Unreachable { verb: String, resource: String, message: String },
+    Unreachable {
+        verb: String,
+        resource: String,
+        message: String,
+    },
 }
 
 impl From<KubeError> for Failure {
     fn from(e: KubeError) -> Self {
         let code = match e {
-            KubeError::Kubeconfig { .. } | KubeError::NoConfig { .. } | KubeError::NoPodName => Code::Usage,
+            KubeError::Kubeconfig { .. } | KubeError::NoConfig { .. } | KubeError::NoPodName => {
+                Code::Usage
+            }
             _ => Code::Api,
         };
         Failure::new(code, e.to_string())
@@ -84,7 +111,11 @@ pub fn classify(err: &kube::Error, verb: &str, resource: &str, namespace: &str) 
         },
         kube::Error::Api(s) if s.code == 404 => KubeError::NotFound {
             resource,
-            name: s.details.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+            name: s
+                .details
+                .as_ref()
+                .map(|d| d.name.clone())
+                .unwrap_or_default(),
             namespace: namespace.to_string(),
         },
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => KubeError::Unreachable {
@@ -178,7 +209,11 @@ pub fn pod_namespace(args: &KubeArgs, config_default: &str) -> String {
     args.pod_namespace
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .or_else(|| std::fs::read_to_string(SA_NAMESPACE_FILE).ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string(SA_NAMESPACE_FILE)
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| config_default.to_string())
 }

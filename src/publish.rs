@@ -61,13 +61,20 @@ impl Publisher {
     }
 
     /// Sets (`Some`) or removes (`None`) annotations with one JSON merge patch.
-    pub async fn annotate(&self, changes: &BTreeMap<String, Option<String>>) -> Result<(), PublishError> {
+    pub async fn annotate(
+        &self,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), PublishError> {
         if changes.is_empty() {
             return Ok(());
         }
         let patch = serde_json::json!({ "metadata": { "annotations": changes } });
         self.api
-            .patch(&self.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &self.pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
             .map_err(|e| classify(&e, "patch", "pods", &self.namespace))?;
         Ok(())
@@ -76,7 +83,11 @@ impl Publisher {
     /// Emits an Event on the pod. `reason` is PascalCase, `note` at most 1 kB.
     pub async fn event(&self, warning: bool, reason: &str, note: &str) -> Result<(), PublishError> {
         let ev = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: reason.into(),
             note: Some(truncate(note, 1024)),
             action: reason.into(),

@@ -27,9 +27,15 @@ pub const CLUSTER_FILE: &str = "cluster.json";
 #[derive(Debug, Error)]
 pub enum OutputError {
     #[error("cannot write {path}: {source} (is --output-dir a writable volume?)")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not valid trainlet output: {why}")]
     Invalid { path: PathBuf, why: String },
 }
@@ -129,7 +135,13 @@ pub fn master_url(rpc_layer: &str, address: &str) -> String {
     }
 }
 
-pub fn render_cluster_file(tf: &TfConfig, cluster: &Cluster, rpc_layer: &str, resolved_at: &str, waited_seconds: f64) -> String {
+pub fn render_cluster_file(
+    tf: &TfConfig,
+    cluster: &Cluster,
+    rpc_layer: &str,
+    resolved_at: &str,
+    waited_seconds: f64,
+) -> String {
     let own = cluster
         .task(&tf.task.task_type, tf.task.index)
         .map(|p| p.address.as_str())
@@ -138,7 +150,12 @@ pub fn render_cluster_file(tf: &TfConfig, cluster: &Cluster, rpc_layer: &str, re
         cluster: tf.cluster.clone(),
         task: tf.task.clone(),
         master: master_url(rpc_layer, own),
-        peers: cluster.tasks.values().flatten().map(PeerEntry::from).collect(),
+        peers: cluster
+            .tasks
+            .values()
+            .flatten()
+            .map(PeerEntry::from)
+            .collect(),
         resolved_at: resolved_at.to_string(),
         waited_seconds: (waited_seconds * 1000.0).round() / 1000.0,
     };
@@ -151,7 +168,10 @@ pub fn render_cluster_file(tf: &TfConfig, cluster: &Cluster, rpc_layer: &str, re
 /// 0644 so that a main container running as another user can read it.
 pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), OutputError> {
     let path = dir.join(name);
-    let err = |source| OutputError::Write { path: path.clone(), source };
+    let err = |source| OutputError::Write {
+        path: path.clone(),
+        source,
+    };
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .tempfile_in(dir)
@@ -205,8 +225,15 @@ mod tests {
             namespace: "ns".into(),
         };
         let mut c = Cluster::default();
-        c.tasks.insert("worker".into(), vec![peer("worker", 0, "10.0.0.6:8470"), peer("worker", 1, "10.0.0.7:8470")]);
-        c.tasks.insert("ps".into(), vec![peer("ps", 0, "10.0.0.5:8470")]);
+        c.tasks.insert(
+            "worker".into(),
+            vec![
+                peer("worker", 0, "10.0.0.6:8470"),
+                peer("worker", 1, "10.0.0.7:8470"),
+            ],
+        );
+        c.tasks
+            .insert("ps".into(), vec![peer("ps", 0, "10.0.0.5:8470")]);
         c
     }
 
@@ -222,7 +249,10 @@ mod tests {
             r#"{"cluster":{"ps":["10.0.0.5:8470"],"worker":["10.0.0.6:8470","10.0.0.7:8470"]},"task":{"type":"worker","index":1}}"#
         );
         let tf = TfConfig::new(&cluster(), task, Some("cloud".into()));
-        assert!(tf.render().ends_with(r#""task":{"type":"worker","index":1},"environment":"cloud"}"#));
+        assert!(
+            tf.render()
+                .ends_with(r#""task":{"type":"worker","index":1},"environment":"cloud"}"#)
+        );
     }
 
     #[test]
@@ -264,8 +294,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_atomic(dir.path(), "a.json", b"{}").unwrap();
         write_atomic(dir.path(), "a.json", b"{\"x\":1}").unwrap();
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["a.json"]);
-        assert_eq!(std::fs::read_to_string(dir.path().join("a.json")).unwrap(), "{\"x\":1}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.json")).unwrap(),
+            "{\"x\":1}"
+        );
     }
 }

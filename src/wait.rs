@@ -51,7 +51,10 @@ pub enum WaitError {
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error("peers not ready after {}: {}", humantime::format_duration(*waited), describe(shortfalls))]
-    Timeout { waited: Duration, shortfalls: Vec<Shortfall> },
+    Timeout {
+        waited: Duration,
+        shortfalls: Vec<Shortfall>,
+    },
     #[error(
         "cannot determine how many {task_type} pods to expect: {why}; pass --expect {task_type}=N"
     )]
@@ -59,7 +62,11 @@ pub enum WaitError {
 }
 
 pub fn describe(shortfalls: &[Shortfall]) -> String {
-    shortfalls.iter().map(Shortfall::describe).collect::<Vec<_>>().join("; ")
+    shortfalls
+        .iter()
+        .map(Shortfall::describe)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl From<WaitError> for Failure {
@@ -191,7 +198,10 @@ pub async fn wait_for_peers(
             if expected.contains_key(&job.task_type) {
                 continue;
             }
-            if let Some(n) = owners.expected_for(client, resolver, &job.task_type, &pods).await? {
+            if let Some(n) = owners
+                .expected_for(client, resolver, &job.task_type, &pods)
+                .await?
+            {
                 info!(task_type = %job.task_type, expected = n, "expected count from the owning controller");
                 expected.insert(job.task_type.clone(), n);
             }
@@ -234,7 +244,12 @@ fn fatal_watch_error(e: &watcher::Error, ns: &str) -> Option<KubeError> {
         watcher::Error::InitialListFailed(err) => ("list", err),
         watcher::Error::WatchStartFailed(err) | watcher::Error::WatchFailed(err) => ("watch", err),
         watcher::Error::WatchError(status) if matches!(status.code, 401 | 403) => {
-            return Some(classify(&kube::Error::Api(status.clone()), "watch", "pods", ns));
+            return Some(classify(
+                &kube::Error::Api(status.clone()),
+                "watch",
+                "pods",
+                ns,
+            ));
         }
         _ => return None,
     };
@@ -305,10 +320,18 @@ impl OwnerCounts {
 }
 
 /// Job: completions when Indexed, else parallelism. StatefulSet, ReplicaSet: replicas.
-async fn owner_count(client: &Client, ns: &str, kind: &str, name: &str) -> Result<Option<usize>, KubeError> {
+async fn owner_count(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<usize>, KubeError> {
     async fn get<K>(client: &Client, ns: &str, name: &str, resource: &str) -> Result<K, KubeError>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
         K::DynamicType: Default,
     {
         Api::<K>::namespaced(client.clone(), ns)

@@ -61,9 +61,12 @@ pub struct Job {
 pub fn parse_job_flags(flags: &[String]) -> Result<Vec<Job>, ClusterError> {
     let mut jobs: Vec<Job> = Vec::new();
     for flag in flags {
-        let (ty, sel) = flag
-            .split_once('=')
-            .ok_or_else(|| ClusterError::JobFlag(flag.clone(), "expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into()))?;
+        let (ty, sel) = flag.split_once('=').ok_or_else(|| {
+            ClusterError::JobFlag(
+                flag.clone(),
+                "expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into(),
+            )
+        })?;
         let ty = ty.trim();
         validate_task_type(ty).map_err(|m| ClusterError::JobFlag(flag.clone(), m))?;
         if sel.trim().is_empty() {
@@ -84,27 +87,32 @@ pub fn parse_job_flags(flags: &[String]) -> Result<Vec<Job>, ClusterError> {
 /// Parses TensorFlow's `job_to_label_mapping`, e.g.
 /// `{"worker":["job-name=w"],"ps":["job-name=p"]}`. Types keep the JSON's order.
 pub fn parse_mapping(json: &str) -> Result<Vec<Job>, ClusterError> {
-    let map: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(json).map_err(|e| ClusterError::Mapping(format!("not a JSON object of lists: {e}")))?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
+        .map_err(|e| ClusterError::Mapping(format!("not a JSON object of lists: {e}")))?;
     let mut jobs = Vec::new();
     for (ty, sels) in map {
         validate_task_type(&ty).map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
         let list = match sels {
             serde_json::Value::Array(a) => a,
             serde_json::Value::String(s) => vec![serde_json::Value::String(s)],
-            _ => return Err(ClusterError::Mapping(format!("job {ty:?}: expected a list of selector strings"))),
+            _ => {
+                return Err(ClusterError::Mapping(format!(
+                    "job {ty:?}: expected a list of selector strings"
+                )));
+            }
         };
         if list.is_empty() {
             return Err(ClusterError::Mapping(format!("job {ty:?}: no selectors")));
         }
         for s in list {
-            let s = s
-                .as_str()
-                .ok_or_else(|| ClusterError::Mapping(format!("job {ty:?}: selectors must be strings")))?;
+            let s = s.as_str().ok_or_else(|| {
+                ClusterError::Mapping(format!("job {ty:?}: selectors must be strings"))
+            })?;
             if s.trim().is_empty() {
                 return Err(ClusterError::Mapping(format!("job {ty:?}: empty selector")));
             }
-            let sel = selector::parse(s).map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
+            let sel = selector::parse(s)
+                .map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
             push_selector(&mut jobs, &ty, sel);
         }
     }
@@ -129,26 +137,41 @@ fn push_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
 fn validate_task_type(ty: &str) -> Result<(), String> {
     let ok = ty.len() <= 63
         && ty.starts_with(|c: char| c.is_ascii_alphabetic())
-        && ty.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        && ty
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if ok {
         Ok(())
     } else {
-        Err(format!("task type {ty:?} must start with a letter and contain only letters, digits, '_' and '-'"))
+        Err(format!(
+            "task type {ty:?} must start with a letter and contain only letters, digits, '_' and '-'"
+        ))
     }
 }
 
 /// Parses `--expect TYPE=N[,TYPE=N...]`; every type must be one of the jobs.
-pub fn parse_expect(flags: &[String], jobs: &[Job]) -> Result<BTreeMap<String, usize>, ClusterError> {
+pub fn parse_expect(
+    flags: &[String],
+    jobs: &[Job],
+) -> Result<BTreeMap<String, usize>, ClusterError> {
     let mut out = BTreeMap::new();
     for flag in flags.iter().filter(|f| !f.trim().is_empty()) {
         let err = |m: &str| ClusterError::Expect(flag.clone(), m.to_string());
-        let (ty, n) = flag.split_once('=').ok_or_else(|| err("expected TYPE=N, e.g. worker=4"))?;
+        let (ty, n) = flag
+            .split_once('=')
+            .ok_or_else(|| err("expected TYPE=N, e.g. worker=4"))?;
         let ty = ty.trim();
         if !jobs.iter().any(|j| j.task_type == ty) {
             let known: Vec<&str> = jobs.iter().map(|j| j.task_type.as_str()).collect();
-            return Err(err(&format!("{ty:?} is not a job type given by --job ({})", known.join(", "))));
+            return Err(err(&format!(
+                "{ty:?} is not a job type given by --job ({})",
+                known.join(", ")
+            )));
         }
-        let n: usize = n.trim().parse().map_err(|_| err("N must be a whole number"))?;
+        let n: usize = n
+            .trim()
+            .parse()
+            .map_err(|_| err("N must be a whole number"))?;
         if n == 0 {
             return Err(err("N must be at least 1"));
         }
@@ -196,7 +219,12 @@ impl Cluster {
     pub fn spec(&self) -> BTreeMap<&str, Vec<&str>> {
         self.tasks
             .iter()
-            .map(|(t, peers)| (t.as_str(), peers.iter().map(|p| p.address.as_str()).collect()))
+            .map(|(t, peers)| {
+                (
+                    t.as_str(),
+                    peers.iter().map(|p| p.address.as_str()).collect(),
+                )
+            })
             .collect()
     }
 
@@ -238,7 +266,10 @@ impl Shortfall {
     /// `worker: expected 3, ready 2 of 2 live (1 missing)`, then the not-ready pods.
     pub fn describe(&self) -> String {
         let mut s = match self.expected {
-            Some(n) => format!("{}: expected {n}, ready {} of {} live", self.task_type, self.ready, self.live),
+            Some(n) => format!(
+                "{}: expected {n}, ready {} of {} live",
+                self.task_type, self.ready, self.live
+            ),
             None => format!(
                 "{}: expected count unknown (no owning Job, StatefulSet or ReplicaSet seen; pass --expect), ready {} of {} live",
                 self.task_type, self.ready, self.live
@@ -269,7 +300,8 @@ pub enum Assessment {
 /// a retry are Failed or Succeeded and do not count; their replacements do.
 pub fn is_live(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded") | Some("Failed"))
+    pod.metadata.deletion_timestamp.is_none()
+        && !matches!(phase, Some("Succeeded") | Some("Failed"))
 }
 
 /// The pod's phase; `Pending` until the kubelet writes one.
@@ -294,17 +326,28 @@ pub fn readiness(pod: &Pod, mode: ReadyMode, address: AddressMode) -> Result<(),
     let in_init = phase == "Pending"
         && status
             .and_then(|s| s.init_container_statuses.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())));
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            });
     if phase != "Running" && !in_init {
         return Err(format!("is {phase}{}", reason_suffix(pod)));
     }
     let has_ip = match address {
-        AddressMode::HostIp => status.and_then(|s| s.host_ip.as_deref()).is_some_and(|ip| !ip.is_empty()),
+        AddressMode::HostIp => status
+            .and_then(|s| s.host_ip.as_deref())
+            .is_some_and(|ip| !ip.is_empty()),
         // A DNS record of a headless Service exists only once the pod has an IP.
-        AddressMode::PodIp | AddressMode::Dns => status.and_then(|s| s.pod_ip.as_deref()).is_some_and(|ip| !ip.is_empty()),
+        AddressMode::PodIp | AddressMode::Dns => status
+            .and_then(|s| s.pod_ip.as_deref())
+            .is_some_and(|ip| !ip.is_empty()),
     };
     if !has_ip {
-        let which = if address == AddressMode::HostIp { "host IP" } else { "pod IP" };
+        let which = if address == AddressMode::HostIp {
+            "host IP"
+        } else {
+            "pod IP"
+        };
         return Err(format!("is {phase} but has no {which} yet"));
     }
     if mode == ReadyMode::Ready {
@@ -317,7 +360,10 @@ pub fn readiness(pod: &Pod, mode: ReadyMode, address: AddressMode) -> Result<(),
                 return Err(format!(
                     "is {phase} but not Ready ({}{})",
                     c.reason.as_deref().unwrap_or("no reason"),
-                    c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                    c.message
+                        .as_deref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
                 ));
             }
             None => return Err(format!("is {phase} but has no Ready condition yet")),
@@ -342,7 +388,10 @@ fn reason_suffix(pod: &Pod) -> String {
         .flatten()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False")
     {
-        return fmt(c.reason.as_deref().unwrap_or("NotScheduled"), c.message.as_deref());
+        return fmt(
+            c.reason.as_deref().unwrap_or("NotScheduled"),
+            c.message.as_deref(),
+        );
     }
     let waiting = status
         .init_container_statuses
@@ -352,12 +401,20 @@ fn reason_suffix(pod: &Pod) -> String {
         .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
         .find(|w| w.reason.is_some());
     if let Some(w) = waiting {
-        return fmt(w.reason.as_deref().unwrap_or_default(), w.message.as_deref());
+        return fmt(
+            w.reason.as_deref().unwrap_or_default(),
+            w.message.as_deref(),
+        );
     }
     if let Some(r) = status.reason.as_deref() {
         return fmt(r, status.message.as_deref());
     }
-    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none() {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_none()
+    {
         return " (not scheduled yet)".into();
     }
     String::new()
@@ -388,8 +445,12 @@ impl Resolver {
 
     fn dns_name(&self, pod: &Pod) -> Result<String, ClusterError> {
         let spec = pod.spec.as_ref();
-        let hostname = spec.and_then(|s| s.hostname.as_deref()).filter(|s| !s.is_empty());
-        let subdomain = spec.and_then(|s| s.subdomain.as_deref()).filter(|s| !s.is_empty());
+        let hostname = spec
+            .and_then(|s| s.hostname.as_deref())
+            .filter(|s| !s.is_empty());
+        let subdomain = spec
+            .and_then(|s| s.subdomain.as_deref())
+            .filter(|s| !s.is_empty());
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         match (hostname, subdomain) {
             (Some(h), Some(d)) => Ok(format!(
@@ -410,7 +471,11 @@ impl Resolver {
         };
         pod.spec
             .iter()
-            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
             .flat_map(|c| c.ports.iter().flatten())
             .find(|p| p.name.as_deref() == Some(want))
             .and_then(|p| u16::try_from(p.container_port).ok())
@@ -441,7 +506,8 @@ impl Resolver {
         match self.order {
             OrderMode::Name => group.sort_by_key(name),
             OrderMode::Index => {
-                let indexes: Option<Vec<(u64, &str)>> = group.iter().map(|p| order::pod_index(p)).collect();
+                let indexes: Option<Vec<(u64, &str)>> =
+                    group.iter().map(|p| order::pod_index(p)).collect();
                 if indexes.is_some() && !group.is_empty() {
                     group.sort_by_key(|p| order::pod_index(p).map(|(i, _)| i));
                     for w in group.windows(2) {
@@ -469,7 +535,11 @@ impl Resolver {
     /// `expected` holds the count of each type that is known (from `--expect` or the
     /// owning controller). A pod that several job types match is an error: its task
     /// would be ambiguous.
-    pub fn assess(&self, pods: &[&Pod], expected: &BTreeMap<String, usize>) -> Result<Assessment, ClusterError> {
+    pub fn assess(
+        &self,
+        pods: &[&Pod],
+        expected: &BTreeMap<String, usize>,
+    ) -> Result<Assessment, ClusterError> {
         let mut cluster = Cluster::default();
         let mut shortfalls = Vec::new();
         let mut owner_type: BTreeMap<&str, &str> = BTreeMap::new();
@@ -535,7 +605,13 @@ impl Resolver {
 
     /// This pod's own task: the override if given (checked against the cluster), else
     /// the one task whose pod has this uid.
-    pub fn own_task(&self, cluster: &Cluster, own_uid: &str, own_name: &str, over: Option<Task>) -> Result<Task, ClusterError> {
+    pub fn own_task(
+        &self,
+        cluster: &Cluster,
+        own_uid: &str,
+        own_name: &str,
+        over: Option<Task>,
+    ) -> Result<Task, ClusterError> {
         if let Some(t) = over {
             let n = cluster.tasks.get(&t.task_type).map_or(0, Vec::len);
             if n == 0 {

@@ -84,23 +84,56 @@ mod tests {
 
     #[test]
     fn natural_order_is_total_and_mixed() {
-        let mut names = vec!["w-01", "w-1", "w-a", "w-", "w-10b", "w-10a", "w-9", "tensorflow-abc123", "tensorflow-999999"];
+        let mut names = vec![
+            "w-01",
+            "w-1",
+            "w-a",
+            "w-",
+            "w-10b",
+            "w-10a",
+            "w-9",
+            "tensorflow-abc123",
+            "tensorflow-999999",
+        ];
         names.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(
             names,
-            ["tensorflow-999999", "tensorflow-abc123", "w-", "w-01", "w-1", "w-9", "w-10a", "w-10b", "w-a"]
+            [
+                "tensorflow-999999",
+                "tensorflow-abc123",
+                "w-",
+                "w-01",
+                "w-1",
+                "w-9",
+                "w-10a",
+                "w-10b",
+                "w-a"
+            ]
         );
     }
 
     #[test]
     fn index_prefers_job_completion_index_and_reads_annotations() {
         let mut pod = Pod::default();
-        pod.metadata.annotations = Some([("batch.kubernetes.io/job-completion-index".to_string(), "3".to_string())].into());
-        pod.metadata.labels = Some([("apps.kubernetes.io/pod-index".to_string(), "7".to_string())].into());
+        pod.metadata.annotations = Some(
+            [(
+                "batch.kubernetes.io/job-completion-index".to_string(),
+                "3".to_string(),
+            )]
+            .into(),
+        );
+        pod.metadata.labels =
+            Some([("apps.kubernetes.io/pod-index".to_string(), "7".to_string())].into());
         assert_eq!(pod_index(&pod), Some((3, INDEX_KEYS[0])));
         pod.metadata.annotations = None;
         assert_eq!(pod_index(&pod), Some((7, INDEX_KEYS[1])));
-        pod.metadata.labels = Some([("training.kubeflow.org/replica-index".to_string(), "x".to_string())].into());
+        pod.metadata.labels = Some(
+            [(
+                "training.kubeflow.org/replica-index".to_string(),
+                "x".to_string(),
+            )]
+            .into(),
+        );
         assert_eq!(pod_index(&pod), None);
     }
 }

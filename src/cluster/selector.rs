@@ -66,9 +66,9 @@ fn parse_requirement(req: &str) -> Result<Expression, String> {
     // Set-based: `key in (a,b)` / `key notin (a,b)`.
     if let Some(open) = req.find('(') {
         let head = req[..open].trim_end();
-        let (key, op) = head
-            .rsplit_once(char::is_whitespace)
-            .ok_or_else(|| format!("{req:?}: expected `key in (values)` or `key notin (values)`"))?;
+        let (key, op) = head.rsplit_once(char::is_whitespace).ok_or_else(|| {
+            format!("{req:?}: expected `key in (values)` or `key notin (values)`")
+        })?;
         let key = key.trim();
         validate_key(key)?;
         let body = req[open + 1..]
@@ -83,7 +83,9 @@ fn parse_requirement(req: &str) -> Result<Expression, String> {
         return match op {
             "in" => Ok(Expression::In(key.to_string(), values)),
             "notin" => Ok(Expression::NotIn(key.to_string(), values)),
-            other => Err(format!("{req:?}: unknown operator {other:?} (use in or notin)")),
+            other => Err(format!(
+                "{req:?}: unknown operator {other:?} (use in or notin)"
+            )),
         };
     }
     let (key, value, equal) = if let Some((k, v)) = req.split_once("!=") {
@@ -93,7 +95,9 @@ fn parse_requirement(req: &str) -> Result<Expression, String> {
     } else if let Some((k, v)) = req.split_once('=') {
         (k, v, true)
     } else if req.contains('<') || req.contains('>') {
-        return Err(format!("{req:?}: the operators < and > are not supported in label selectors of pods"));
+        return Err(format!(
+            "{req:?}: the operators < and > are not supported in label selectors of pods"
+        ));
     } else {
         let key = req.trim();
         validate_key(key)?;
@@ -122,12 +126,15 @@ fn validate_key(key: &str) -> Result<(), String> {
             && p.split('.').all(|l| {
                 !l.is_empty()
                     && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             });
         if !ok {
-            return Err(format!("invalid label key {key:?}: the prefix must be a DNS subdomain"));
+            return Err(format!(
+                "invalid label key {key:?}: the prefix must be a DNS subdomain"
+            ));
         }
     }
     if name.is_empty() {
@@ -167,17 +174,27 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn equality_and_sets_round_trip() {
-        let s = parse("app=mnist, role==worker,tier!=canary,env in (a, b),!legacy,zone notin (x),gpu").unwrap();
+        let s =
+            parse("app=mnist, role==worker,tier!=canary,env in (a, b),!legacy,zone notin (x),gpu")
+                .unwrap();
         assert_eq!(
             s.to_string(),
             "app=mnist,role=worker,tier!=canary,env in (a,b),!legacy,zone notin (x),gpu"
         );
-        let l = labels(&[("app", "mnist"), ("role", "worker"), ("env", "b"), ("gpu", "")]);
+        let l = labels(&[
+            ("app", "mnist"),
+            ("role", "worker"),
+            ("env", "b"),
+            ("gpu", ""),
+        ]);
         assert!(s.matches(&l));
         let mut l2 = l.clone();
         l2.insert("legacy".into(), "1".into());
@@ -197,12 +214,31 @@ mod tests {
 
     #[test]
     fn errors_name_the_problem() {
-        assert_eq!(parse("a=b,,c=d").unwrap_err(), "empty requirement (two commas in a row, or a trailing comma)");
+        assert_eq!(
+            parse("a=b,,c=d").unwrap_err(),
+            "empty requirement (two commas in a row, or a trailing comma)"
+        );
         assert_eq!(parse("a in (b").unwrap_err(), "'(' without ')'");
-        assert!(parse("a=b c").unwrap_err().starts_with("invalid label value \"b c\""));
-        assert!(parse("-a=b").unwrap_err().starts_with("invalid label key \"-a\""));
+        assert!(
+            parse("a=b c")
+                .unwrap_err()
+                .starts_with("invalid label value \"b c\"")
+        );
+        assert!(
+            parse("-a=b")
+                .unwrap_err()
+                .starts_with("invalid label key \"-a\"")
+        );
         assert!(parse("a>3").unwrap_err().contains("not supported"));
-        assert!(parse("a within (b)").unwrap_err().contains("unknown operator \"within\""));
-        assert!(parse("Bad_Prefix/a=b").unwrap_err().contains("DNS subdomain"));
+        assert!(
+            parse("a within (b)")
+                .unwrap_err()
+                .contains("unknown operator \"within\"")
+        );
+        assert!(
+            parse("Bad_Prefix/a=b")
+                .unwrap_err()
+                .contains("DNS subdomain")
+        );
     }
 }

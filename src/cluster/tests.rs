@@ -1,12 +1,19 @@
 use super::*;
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus,
+};
 
 fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
     let mut p = Pod::default();
     p.metadata.name = Some(name.into());
     p.metadata.namespace = Some("ns".into());
     p.metadata.uid = Some(format!("uid-{name}"));
-    p.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    p.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
     p.spec = Some(PodSpec {
         node_name: Some("node-a".into()),
         ..Default::default()
@@ -52,9 +59,18 @@ fn tensorflow_parity_name_order() {
     let mut r = resolver(&["worker=job-name=tensorflow"]);
     r.order = OrderMode::Name;
     let pods = [
-        running(pod("tensorflow-abc123", &[("job-name", "tensorflow")]), "10.1.2.3"),
-        running(pod("tensorflow-def456", &[("job-name", "tensorflow")]), "10.1.2.4"),
-        running(pod("tensorflow-999999", &[("job-name", "tensorflow")]), "10.1.2.5"),
+        running(
+            pod("tensorflow-abc123", &[("job-name", "tensorflow")]),
+            "10.1.2.3",
+        ),
+        running(
+            pod("tensorflow-def456", &[("job-name", "tensorflow")]),
+            "10.1.2.4",
+        ),
+        running(
+            pod("tensorflow-999999", &[("job-name", "tensorflow")]),
+            "10.1.2.5",
+        ),
     ];
     let refs: Vec<&Pod> = pods.iter().collect();
     let c = complete(r.assess(&refs, &expect(&[("worker", 3)])).unwrap());
@@ -90,7 +106,8 @@ fn index_annotation_beats_name_and_duplicates_fail() {
     let names: Vec<&str> = c.tasks["worker"].iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["zeta", "mid", "alpha"]);
 
-    pods[1].metadata.annotations = Some([(order::INDEX_KEYS[0].to_string(), "0".to_string())].into());
+    pods[1].metadata.annotations =
+        Some([(order::INDEX_KEYS[0].to_string(), "0".to_string())].into());
     let refs: Vec<&Pod> = pods.iter().collect();
     assert_eq!(
         r.assess(&refs, &expect(&[("worker", 3)])).unwrap_err(),
@@ -106,8 +123,14 @@ fn terminal_and_terminating_pods_are_not_peers() {
     let mut failed = running(pod("w-0-old", &[("app", "x")]), "10.0.0.9");
     failed.status.as_mut().unwrap().phase = Some("Failed".into());
     let mut deleting = running(pod("w-1-old", &[("app", "x")]), "10.0.0.8");
-    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
-    let pods = [failed, deleting, running(pod("w-0", &[("app", "x")]), "10.0.0.1")];
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+    );
+    let pods = [
+        failed,
+        deleting,
+        running(pod("w-0", &[("app", "x")]), "10.0.0.1"),
+    ];
     let refs: Vec<&Pod> = pods.iter().collect();
     let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
     assert_eq!(c.spec()["worker"], ["10.0.0.1:8470"]);
@@ -208,7 +231,9 @@ fn dns_addresses_and_named_ports() {
         r.assess(&refs, &expect(&[("worker", 1)]))
             .unwrap_err()
             .to_string()
-            .starts_with("pod \"w-9\" has no spec.hostname and spec.subdomain, which --address dns needs")
+            .starts_with(
+                "pod \"w-9\" has no spec.hostname and spec.subdomain, which --address dns needs"
+            )
     );
 }
 
@@ -235,17 +260,28 @@ fn bad_job_and_expect_flags() {
         "invalid --job \"worker\": expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker"
     );
     assert_eq!(
-        parse_job_flags(&["1w=app=x".into()]).unwrap_err().to_string(),
+        parse_job_flags(&["1w=app=x".into()])
+            .unwrap_err()
+            .to_string(),
         "invalid --job \"1w=app=x\": task type \"1w\" must start with a letter and contain only letters, digits, '_' and '-'"
     );
     let jobs = parse_job_flags(&["worker=app=x".into()]).unwrap();
     assert_eq!(
-        parse_expect(&["ps=1".into()], &jobs).unwrap_err().to_string(),
+        parse_expect(&["ps=1".into()], &jobs)
+            .unwrap_err()
+            .to_string(),
         "invalid --expect \"ps=1\": \"ps\" is not a job type given by --job (worker)"
     );
     assert_eq!(
-        parse_expect(&["worker=0".into()], &jobs).unwrap_err().to_string(),
+        parse_expect(&["worker=0".into()], &jobs)
+            .unwrap_err()
+            .to_string(),
         "invalid --expect \"worker=0\": N must be at least 1"
     );
-    assert!(parse_mapping("[1]").unwrap_err().to_string().starts_with("invalid --job-to-label-mapping: not a JSON object"));
+    assert!(
+        parse_mapping("[1]")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid --job-to-label-mapping: not a JSON object")
+    );
 }

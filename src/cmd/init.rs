@@ -57,7 +57,9 @@ impl InitConfig {
         }
         // --install-to may name a directory to create, but inside an existing volume.
         if let Some(to) = &a.output.install_to {
-            let parent_ok = to.parent().is_none_or(|p| p.as_os_str().is_empty() || p.is_dir());
+            let parent_ok = to
+                .parent()
+                .is_none_or(|p| p.as_os_str().is_empty() || p.is_dir());
             if !to.is_dir() && !parent_ok {
                 return Err(Failure::usage(format!(
                     "invalid --install-to {}: neither it nor its parent is a directory (mount a shared emptyDir there)",
@@ -99,33 +101,64 @@ pub async fn init(args: &InitArgs, cfg: &InitConfig) -> Result<Outcome, Failure>
     let scope = super::scope(&args.cluster, &id.namespace);
     info!(pod = %id.pod_name, namespace = %id.namespace, "waiting for peers");
 
-    let resolved = match wait_for_peers(&client, &scope, resolver, cfg.cluster.expected.clone(), cfg.timeout).await {
+    let resolved = match wait_for_peers(
+        &client,
+        &scope,
+        resolver,
+        cfg.cluster.expected.clone(),
+        cfg.timeout,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e @ WaitError::Timeout { .. }) => {
             let failure = Failure::from(e);
-            best_effort(publisher.event(true, "PeerWaitTimeout", &failure.message).await, "emit the PeerWaitTimeout event");
+            best_effort(
+                publisher
+                    .event(true, "PeerWaitTimeout", &failure.message)
+                    .await,
+                "emit the PeerWaitTimeout event",
+            );
             return Err(failure);
         }
         Err(e) => return Err(e.into()),
     };
-    let task = resolver.own_task(&resolved.cluster, &own_uid, &id.pod_name, cfg.cluster.task_override.clone())?;
+    let task = resolver.own_task(
+        &resolved.cluster,
+        &own_uid,
+        &id.pod_name,
+        cfg.cluster.task_override.clone(),
+    )?;
 
     // The own server port must be free in this pod's network namespace; with
     // hostNetwork it often is not, and TensorFlow would fail much later with a
     // confusing "Address already in use".
     let port = own_port(&resolved.cluster, &task);
     if let Err(msg) = check_port_free(port).await {
-        best_effort(publisher.event(true, "PortConflict", &msg).await, "emit the PortConflict event");
+        best_effort(
+            publisher.event(true, "PortConflict", &msg).await,
+            "emit the PortConflict event",
+        );
         return Err(Failure::new(Code::PortConflict, msg));
     }
 
-    let tf = TfConfig::new(&resolved.cluster, task.clone(), cfg.cluster.environment.clone());
+    let tf = TfConfig::new(
+        &resolved.cluster,
+        task.clone(),
+        cfg.cluster.environment.clone(),
+    );
     let tf_json = tf.render();
     write_outputs(cfg, &tf, &resolved.cluster, resolved.waited)?;
     info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %resolved.cluster.summary(), waited = ?resolved.waited, "wrote {}", cfg.output_dir.join(tfconfig::TF_CONFIG_FILE).display());
 
-    let annotation = BTreeMap::from([(keys::TASK.to_string(), Some(format!("{}/{}", task.task_type, task.index)))]);
-    best_effort(publisher.annotate(&annotation).await, "annotate the pod with its task");
+    let annotation = BTreeMap::from([(
+        keys::TASK.to_string(),
+        Some(format!("{}/{}", task.task_type, task.index)),
+    )]);
+    best_effort(
+        publisher.annotate(&annotation).await,
+        "annotate the pod with its task",
+    );
     let note = format!(
         "{}/{} of {} after {:.1}s",
         task.task_type,
@@ -133,7 +166,10 @@ pub async fn init(args: &InitArgs, cfg: &InitConfig) -> Result<Outcome, Failure>
         resolved.cluster.summary(),
         resolved.waited.as_secs_f64()
     );
-    best_effort(publisher.event(false, "PeersResolved", &note).await, "emit the PeersResolved event");
+    best_effort(
+        publisher.event(false, "PeersResolved", &note).await,
+        "emit the PeersResolved event",
+    );
     Ok(Outcome {
         tf_config: tf,
         tf_config_json: tf_json,
@@ -173,35 +209,69 @@ async fn check_port_free(port: u16) -> Result<(), String> {
             }
         }
     }
-    Err(format!("port {port} is already in use in this pod's network namespace"))
+    Err(format!(
+        "port {port} is already in use in this pod's network namespace"
+    ))
 }
 
-fn write_outputs(cfg: &InitConfig, tf: &TfConfig, cluster: &Cluster, waited: Duration) -> Result<(), Failure> {
+fn write_outputs(
+    cfg: &InitConfig,
+    tf: &TfConfig,
+    cluster: &Cluster,
+    waited: Duration,
+) -> Result<(), Failure> {
     let dir = &cfg.output_dir;
     if let Some(to) = &cfg.install_to {
         install_binary(to)?;
     }
     let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-    let cluster_json = tfconfig::render_cluster_file(tf, cluster, &cfg.cluster.rpc_layer, &now, waited.as_secs_f64());
+    let cluster_json = tfconfig::render_cluster_file(
+        tf,
+        cluster,
+        &cfg.cluster.rpc_layer,
+        &now,
+        waited.as_secs_f64(),
+    );
     tfconfig::write_atomic(dir, tfconfig::CLUSTER_FILE, cluster_json.as_bytes())?;
     tfconfig::write_atomic(dir, tfconfig::ENV_FILE, tfconfig::render_env(tf).as_bytes())?;
     // Last: its presence tells `trainlet exec` that the set is complete.
-    tfconfig::write_atomic(dir, tfconfig::TF_CONFIG_FILE, format!("{}\n", tf.render()).as_bytes())?;
+    tfconfig::write_atomic(
+        dir,
+        tfconfig::TF_CONFIG_FILE,
+        format!("{}\n", tf.render()).as_bytes(),
+    )?;
     Ok(())
 }
 
 /// Copies the running binary to `dir/trainlet`, executable, atomically.
 fn install_binary(dir: &Path) -> Result<(), Failure> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::new(Code::Internal, format!("cannot find the trainlet binary to install: {e}")))?;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Failure::new(Code::Internal, format!("cannot create --install-to {}: {e}", dir.display())))?;
-    let bytes = std::fs::read(&exe)
-        .map_err(|e| Failure::new(Code::Internal, format!("cannot read {}: {e}", exe.display())))?;
+    let exe = std::env::current_exe().map_err(|e| {
+        Failure::new(
+            Code::Internal,
+            format!("cannot find the trainlet binary to install: {e}"),
+        )
+    })?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Failure::new(
+            Code::Internal,
+            format!("cannot create --install-to {}: {e}", dir.display()),
+        )
+    })?;
+    let bytes = std::fs::read(&exe).map_err(|e| {
+        Failure::new(
+            Code::Internal,
+            format!("cannot read {}: {e}", exe.display()),
+        )
+    })?;
     tfconfig::write_atomic(dir, "trainlet", &bytes)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.join("trainlet"), std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| Failure::new(Code::Internal, format!("cannot make {}/trainlet executable: {e}", dir.display())))?;
+        .map_err(|e| {
+            Failure::new(
+                Code::Internal,
+                format!("cannot make {}/trainlet executable: {e}", dir.display()),
+            )
+        })?;
     Ok(())
 }
 

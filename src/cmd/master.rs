@@ -17,13 +17,21 @@ pub struct MasterArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Directory where `trainlet init` wrote cluster.json.
-    #[arg(long, env = "TRAINLET_OUTPUT_DIR", value_name = "DIR", default_value = "/etc/trainlet")]
+    #[arg(
+        long,
+        env = "TRAINLET_OUTPUT_DIR",
+        value_name = "DIR",
+        default_value = "/etc/trainlet"
+    )]
     pub output_dir: PathBuf,
 }
 
 pub fn run(args: MasterArgs) -> Result<Code, Failure> {
-    let (Some(task_type), Some(index)) = (args.cluster.task_type.clone(), args.cluster.task_index) else {
-        return Err(Failure::usage("trainlet master needs --task-type TYPE and --task-id I"));
+    let (Some(task_type), Some(index)) = (args.cluster.task_type.clone(), args.cluster.task_index)
+    else {
+        return Err(Failure::usage(
+            "trainlet master needs --task-type TYPE and --task-id I",
+        ));
     };
     let file = args.output_dir.join(CLUSTER_FILE);
     let cluster: std::collections::BTreeMap<String, Vec<String>> = if file.exists() {
@@ -34,7 +42,11 @@ pub fn run(args: MasterArgs) -> Result<Code, Failure> {
         cluster_args.task_type = None;
         cluster_args.task_index = None;
         let cfg = ClusterConfig::from_args(&cluster_args)?;
-        let (c, _) = super::runtime()?.block_on(super::resolve::resolve_once(&args.kube, &cluster_args, &cfg))?;
+        let (c, _) = super::runtime()?.block_on(super::resolve::resolve_once(
+            &args.kube,
+            &cluster_args,
+            &cfg,
+        ))?;
         c.spec()
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
@@ -44,13 +56,19 @@ pub fn run(args: MasterArgs) -> Result<Code, Failure> {
         let known: Vec<&str> = cluster.keys().map(String::as_str).collect();
         return Err(Failure::new(
             Code::Inconsistent,
-            format!("task type {task_type:?} is not in the cluster (types: {})", known.join(", ")),
+            format!(
+                "task type {task_type:?} is not in the cluster (types: {})",
+                known.join(", ")
+            ),
         ));
     };
     let Some(address) = tasks.get(index) else {
         return Err(Failure::new(
             Code::Inconsistent,
-            format!("task {task_type}/{index} is not in the cluster: {task_type} has {} tasks", tasks.len()),
+            format!(
+                "task {task_type}/{index} is not in the cluster: {task_type} has {} tasks",
+                tasks.len()
+            ),
         ));
     };
     println!("{}", master_url(&args.cluster.rpc_layer, address));

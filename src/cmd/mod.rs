@@ -33,7 +33,12 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Failure::new(Code::Internal, format!("cannot start the async runtime: {e}")))
+        .map_err(|e| {
+            Failure::new(
+                Code::Internal,
+                format!("cannot start the async runtime: {e}"),
+            )
+        })
 }
 
 /// The cluster flags, validated.
@@ -55,7 +60,9 @@ impl ClusterConfig {
         };
         let expected = cluster::parse_expect(&a.expect, &jobs)?;
         if a.port == 0 {
-            return Err(Failure::usage("invalid --port 0: use the TensorFlow server port, e.g. 8470"));
+            return Err(Failure::usage(
+                "invalid --port 0: use the TensorFlow server port, e.g. 8470",
+            ));
         }
         if let Some(n) = &a.port_name
             && (n.is_empty() || n.len() > 15)
@@ -109,6 +116,10 @@ pub(crate) fn scope(a: &ClusterArgs, own_namespace: &str) -> crate::wait::Scope 
     if a.all_namespaces {
         crate::wait::Scope::All
     } else {
-        crate::wait::Scope::Namespace(a.namespace.clone().unwrap_or_else(|| own_namespace.to_string()))
+        crate::wait::Scope::Namespace(
+            a.namespace
+                .clone()
+                .unwrap_or_else(|| own_namespace.to_string()),
+        )
     }
 }

@@ -26,7 +26,8 @@ pub struct ResolveArgs {
 
 pub fn run(args: ResolveArgs) -> Result<Code, Failure> {
     let cfg = ClusterConfig::from_args(&args.cluster)?;
-    let (cluster, task) = super::runtime()?.block_on(resolve_once(&args.kube, &args.cluster, &cfg))?;
+    let (cluster, task) =
+        super::runtime()?.block_on(resolve_once(&args.kube, &args.cluster, &cfg))?;
     #[derive(Serialize)]
     struct Out<'a> {
         cluster: BTreeMap<&'a str, Vec<&'a str>>,
@@ -44,7 +45,11 @@ pub fn run(args: ResolveArgs) -> Result<Code, Failure> {
 /// Lists the peers once and resolves them. The own task is included when this process
 /// runs in one of the matched pods (by --pod-name/$POD_NAME/$HOSTNAME) or is given by
 /// --task-type/--task-index.
-pub async fn resolve_once(kube_args: &KubeArgs, args: &ClusterArgs, cfg: &ClusterConfig) -> Result<(Cluster, Option<Task>), Failure> {
+pub async fn resolve_once(
+    kube_args: &KubeArgs,
+    args: &ClusterArgs,
+    cfg: &ClusterConfig,
+) -> Result<(Cluster, Option<Task>), Failure> {
     let (client, default_ns) = crate::kube::client(kube_args.kubeconfig.as_deref()).await?;
     let own_ns = crate::kube::pod_namespace(kube_args, &default_ns);
     let scope = super::scope(args, &own_ns);
@@ -54,7 +59,10 @@ pub async fn resolve_once(kube_args: &KubeArgs, args: &ClusterArgs, cfg: &Cluste
 
     // Like cluster_spec(): every matched pod must be ready now.
     for p in &refs {
-        if is_live(p) && !resolver.types_of(p).is_empty() && readiness(p, resolver.ready, resolver.address).is_err() {
+        if is_live(p)
+            && !resolver.types_of(p).is_empty()
+            && readiness(p, resolver.ready, resolver.address).is_err()
+        {
             return Err(Failure::new(
                 Code::NotReady,
                 format!(
@@ -68,13 +76,19 @@ pub async fn resolve_once(kube_args: &KubeArgs, args: &ClusterArgs, cfg: &Cluste
     // Without --expect, the pods that exist are the cluster, as in TensorFlow.
     let mut expected = cfg.expected.clone();
     for job in &resolver.jobs {
-        let n = refs.iter().filter(|p| is_live(p) && resolver.types_of(p).contains(&job.task_type.as_str())).count();
+        let n = refs
+            .iter()
+            .filter(|p| is_live(p) && resolver.types_of(p).contains(&job.task_type.as_str()))
+            .count();
         expected.entry(job.task_type.clone()).or_insert(n);
     }
     let cluster = match resolver.assess(&refs, &expected)? {
         Assessment::Complete(c) => c,
         Assessment::Waiting(s) => {
-            return Err(Failure::new(Code::NotReady, format!("peers not ready: {}", crate::wait::describe(&s))));
+            return Err(Failure::new(
+                Code::NotReady,
+                format!("peers not ready: {}", crate::wait::describe(&s)),
+            ));
         }
     };
     let task = match &cfg.task_override {
@@ -95,7 +109,11 @@ pub async fn resolve_once(kube_args: &KubeArgs, args: &ClusterArgs, cfg: &Cluste
 }
 
 /// One list per distinct selector, deduplicated by uid.
-async fn list_peers(client: &Client, scope: &Scope, cfg: &ClusterConfig) -> Result<Vec<Pod>, Failure> {
+async fn list_peers(
+    client: &Client,
+    scope: &Scope,
+    cfg: &ClusterConfig,
+) -> Result<Vec<Pod>, Failure> {
     let (api, ns): (Api<Pod>, &str) = match scope {
         Scope::Namespace(ns) => (Api::namespaced(client.clone(), ns), ns),
         Scope::All => (Api::all(client.clone()), "(all namespaces)"),

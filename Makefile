@@ -1,0 +1,39 @@
+# trainlet's entry points. `make test` is the README's test command and what CI runs:
+# on a fresh machine it installs what is missing, builds the Go control plane once
+# (cached in ~/.cache/trainlet), starts it, and runs every test against it.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: all build release test deps control-plane down demo lint clean
+
+all: build
+
+build:
+	$(CARGO) build
+
+release:
+	$(CARGO) build --release
+
+## Debian packages the tests use, installed only when missing.
+deps:
+	@.ci/deps
+
+## Build (first time only) and start kube-apiserver + etcd on 127.0.0.1.
+control-plane:
+	@tests/control-plane/up
+
+down:
+	@tests/control-plane/down
+
+test: deps control-plane
+	$(CARGO) test --all-targets --no-fail-fast
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+demo: control-plane
+	@scripts/demo
+
+clean: down
+	$(CARGO) clean
