@@ -13,6 +13,8 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), Failure> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, never in container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let result = match format {
         LogFormat::Text => builder.try_init(),

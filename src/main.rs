@@ -35,9 +35,15 @@ fn clap_exit(e: clap::Error) -> ExitCode {
             Code::Usage.into()
         }
         _ => {
+            // The first paragraph holds the error and, for enums, the possible values.
             let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            let msg = first.strip_prefix("error: ").unwrap_or(first);
+            let para: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let msg = para.join(" ");
+            let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
             fail(Failure::usage(format!("{msg} (see trainlet --help)")))
         }
     }

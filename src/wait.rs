@@ -140,7 +140,9 @@ pub async fn wait_for_peers(
             Some(d) => tokio::select! {
                 b = events.next() => b,
                 _ = tokio::time::sleep_until(d) => {
-                    return Err(WaitError::Timeout { waited: start.elapsed(), shortfalls: last.unwrap_or_default() });
+                    // The configured timeout, not the elapsed time: the message stays exact.
+                    let waited = timeout.unwrap_or_default();
+                    return Err(WaitError::Timeout { waited, shortfalls: last.unwrap_or_default() });
                 }
             },
             None => events.next().await,

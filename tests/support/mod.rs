@@ -509,3 +509,89 @@ pub fn skip_or_fail(reason: &str) -> bool {
     eprintln!("SKIPPED: {reason}");
     true
 }
+
+/// A control plane of a test's own, in its own state dir, for tests that restart the
+/// API server: restarting the shared one would disturb every other test.
+pub struct PrivateControlPlane {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl PrivateControlPlane {
+    pub fn start(name: &str) -> Self {
+        let dir = repo().join("target").join(format!("control-plane-{name}"));
+        let out = Command::new(repo().join("tests/control-plane/up"))
+            .env("TRAINLET_CONTROL_PLANE_DIR", &dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run up");
+        assert!(
+            out.status.success(),
+            "private control plane {name} could not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kubeconfig = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap()
+                .trim(),
+        );
+        PrivateControlPlane { dir, kubeconfig }
+    }
+
+    /// Stops kube-apiserver, keeps it down for `down_for`, starts it again with the same
+    /// port and etcd, and waits until it is ready.
+    pub fn restart_apiserver(&self, down_for: Duration) {
+        let out = Command::new(repo().join("tests/control-plane/restart-apiserver"))
+            .env("TRAINLET_CONTROL_PLANE_DIR", &self.dir)
+            .args(["--down-for", &format!("{:.1}", down_for.as_secs_f64())])
+            .output()
+            .expect("run restart-apiserver");
+        assert!(
+            out.status.success(),
+            "restart failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/control-plane/down"))
+            .env("TRAINLET_CONTROL_PLANE_DIR", &self.dir)
+            .output();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel picks it), for servers a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The files in a directory, sorted, for "nothing was written" checks.
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `trainlet init` against a namespace as pod `pod`, writing to `out`.
+pub fn init_cmd(kubeconfig: &Path, ns: &str, pod: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = trainlet();
+    cmd.arg("init")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--pod-name", pod, "--pod-namespace", ns])
+        .arg("--output-dir")
+        .arg(out)
+        .args(extra);
+    cmd
+}

@@ -1,0 +1,656 @@
+//! `trainlet init`, `resolve`, `master` and `exec` against the real control plane, with
+//! the tests playing the kubelet.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use support::*;
+
+fn resolve(ns: &str, extra: &[&str]) -> Run {
+    run(trainlet()
+        .arg("resolve")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(["--pod-namespace", ns])
+        .args(extra))
+}
+
+async fn running_pods(client: &Client, ns: &str, specs: &[(&str, &str, &str)]) {
+    let kubelet = Kubelet::new(client, ns);
+    for (name, labels, ip) in specs {
+        pod(name).labels(labels).create(client, ns).await;
+        kubelet.run(name, ip).await;
+    }
+}
+
+fn read(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+#[tokio::test]
+async fn tensorflow_parity_name_order_selector_order_and_not_running() {
+    let client = admin().await;
+    let ns = namespace(&client, "parity").await;
+    // The resolver's own unit test: names sorted lexicographically with --order name.
+    running_pods(
+        &client,
+        &ns,
+        &[
+            ("tensorflow-abc123", "job-name=tensorflow", "10.1.2.3"),
+            ("tensorflow-def456", "job-name=tensorflow", "10.1.2.4"),
+            ("tensorflow-999999", "job-name=tensorflow", "10.1.2.5"),
+            ("first-0", "job-name=first", "10.1.3.1"),
+            ("second-0", "job-name=second", "10.1.3.2"),
+        ],
+    )
+    .await;
+    let r = resolve(
+        &ns,
+        &["--job", "worker=job-name=tensorflow", "--order", "name"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "{\"cluster\":{\"worker\":[\"10.1.2.5:8470\",\"10.1.2.3:8470\",\"10.1.2.4:8470\"]}}\n"
+    );
+
+    // Two selectors for one type: the first selector's pods come first.
+    let r = resolve(
+        &ns,
+        &[
+            "--job",
+            "worker=job-name=second",
+            "--job",
+            "worker=job-name=first",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "{\"cluster\":{\"worker\":[\"10.1.3.2:8470\",\"10.1.3.1:8470\"]}}\n"
+    );
+
+    // The same through TensorFlow's own argument.
+    let r = resolve(
+        &ns,
+        &[
+            "--job-to-label-mapping",
+            r#"{"worker":["job-name=second","job-name=first"]}"#,
+        ],
+    );
+    assert_eq!(
+        r.stdout,
+        "{\"cluster\":{\"worker\":[\"10.1.3.2:8470\",\"10.1.3.1:8470\"]}}\n"
+    );
+
+    // A matched pod that is not running: the resolver's RuntimeError, as exit 3.
+    pod("tensorflow-000000")
+        .labels("job-name=tensorflow")
+        .create(&client, &ns)
+        .await;
+    let r = resolve(
+        &ns,
+        &["--job", "worker=job-name=tensorflow", "--order", "name"],
+    );
+    assert_eq!(r.code, 3);
+    assert_eq!(
+        r.error_line(),
+        "pod \"tensorflow-000000\" is not running; phase: \"Pending\""
+    );
+    assert_eq!(r.stdout, "");
+}
+
+#[tokio::test]
+async fn natural_order_and_index_annotations() {
+    let client = admin().await;
+    let ns = namespace(&client, "order").await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let mut idx: Vec<usize> = (0..12).collect();
+    idx.shuffle(&mut rand::rng());
+    for i in &idx {
+        let name = format!("worker-{i}");
+        pod(&name).labels("role=worker").create(&client, &ns).await;
+        kubelet.run(&name, &format!("10.2.0.{i}")).await;
+    }
+    let r = resolve(&ns, &["--job", "worker=role=worker", "--port", "2222"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want: Vec<String> = (0..12).map(|i| format!("10.2.0.{i}:2222")).collect();
+    assert_eq!(
+        r.stdout,
+        format!("{}\n", json!({"cluster": {"worker": want}}))
+    );
+
+    // Names that sort one way, indexes that say another: the index wins.
+    for (name, index, ip) in [
+        ("ps-zulu", 0, "10.2.1.1"),
+        ("ps-alpha", 2, "10.2.1.3"),
+        ("ps-mike", 1, "10.2.1.2"),
+    ] {
+        pod(name)
+            .labels("role=ps")
+            .annotation(
+                "batch.kubernetes.io/job-completion-index",
+                &index.to_string(),
+            )
+            .create(&client, &ns)
+            .await;
+        kubelet.run(name, ip).await;
+    }
+    let r = resolve(&ns, &["--job", "ps=role=ps"]);
+    assert_eq!(
+        r.stdout,
+        "{\"cluster\":{\"ps\":[\"10.2.1.1:8470\",\"10.2.1.2:8470\",\"10.2.1.3:8470\"]}}\n"
+    );
+    // --order name is TensorFlow's lexicographic order and ignores the index.
+    let r = resolve(&ns, &["--job", "ps=role=ps", "--order", "name"]);
+    assert_eq!(
+        r.stdout,
+        "{\"cluster\":{\"ps\":[\"10.2.1.3:8470\",\"10.2.1.2:8470\",\"10.2.1.1:8470\"]}}\n"
+    );
+}
+
+/// The heart of it: six init containers start before any pod runs; the kubelet brings
+/// the pods up in random order; all six agree.
+#[tokio::test]
+async fn six_agents_started_before_any_pod_runs_agree() {
+    let client = admin().await;
+    let ns = namespace(&client, "conc").await;
+    let names = [
+        "ps-0", "ps-1", "worker-0", "worker-1", "worker-2", "worker-3",
+    ];
+    for n in names {
+        let role = n.split('-').next().unwrap();
+        pod(n)
+            .labels(&format!("app=mnist,role={role}"))
+            .create(&client, &ns)
+            .await;
+    }
+    let port = free_port().to_string();
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let agents: Vec<_> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| {
+            spawn(init_cmd(
+                kubeconfig(),
+                &ns,
+                n,
+                d.path(),
+                &[
+                    "--job",
+                    "ps=app=mnist,role=ps",
+                    "--job",
+                    "worker=app=mnist,role=worker",
+                    "--expect",
+                    "ps=2,worker=4",
+                    "--port",
+                    &port,
+                    "--timeout",
+                    "60s",
+                ],
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.shuffle(&mut rand::rng());
+    for i in order {
+        kubelet.run(names[i], &format!("10.3.0.{}", i + 1)).await;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..150))).await;
+    }
+    let mut clusters = BTreeSet::new();
+    for ((name, dir), agent) in names.iter().zip(&dirs).zip(agents) {
+        let r = agent.await.unwrap();
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        let tf: Value = serde_json::from_str(&read(dir.path(), "tf_config.json")).unwrap();
+        let (ty, idx) = name.split_once('-').unwrap();
+        assert_eq!(
+            tf["task"],
+            json!({"type": ty, "index": idx.parse::<u32>().unwrap()}),
+            "{name}"
+        );
+        clusters.insert(tf["cluster"].to_string());
+    }
+    assert_eq!(
+        clusters.len(),
+        1,
+        "byte-identical cluster sections: {clusters:?}"
+    );
+    let p = &port;
+    assert_eq!(
+        read(dirs[3].path(), "tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"ps\":[\"10.3.0.1:{p}\",\"10.3.0.2:{p}\"],\"worker\":[\"10.3.0.3:{p}\",\"10.3.0.4:{p}\",\"10.3.0.5:{p}\",\"10.3.0.6:{p}\"]}},\"task\":{{\"type\":\"worker\",\"index\":1}}}}\n"
+        )
+    );
+    let tf_json = read(dirs[3].path(), "tf_config.json");
+    assert_eq!(
+        read(dirs[3].path(), "trainlet.env"),
+        format!(
+            "# Written by trainlet init. Source it: . trainlet.env\nexport TF_CONFIG='{}'\nexport TRAINLET_TASK_TYPE='worker'\nexport TRAINLET_TASK_INDEX=1\n",
+            tf_json.trim()
+        )
+    );
+    let cluster: Value = serde_json::from_str(&read(dirs[3].path(), "cluster.json")).unwrap();
+    assert_eq!(cluster["master"], format!("grpc://10.3.0.4:{p}"));
+    assert_eq!(cluster["peers"][3]["name"], "worker-1");
+    assert_eq!(cluster["peers"][3]["node"], "node-a");
+
+    // Every pod records its task, and says so in an Event.
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for n in names {
+        let p = api.get(n).await.unwrap();
+        let ann = p.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            ann.get("trainlet.io/task").map(String::as_str),
+            Some(n.replacen('-', "/", 1).as_str())
+        );
+    }
+    let evs = events(&client, &ns).await;
+    let resolved: Vec<_> = evs.iter().filter(|e| e.1 == "PeersResolved").collect();
+    assert_eq!(resolved.len(), 6, "{evs:?}");
+    let w1 = resolved.iter().find(|e| e.3 == "worker-1").unwrap();
+    assert_eq!(w1.0, "Normal");
+    assert!(
+        w1.2.starts_with("worker/1 of ps:2,worker:4 after "),
+        "{}",
+        w1.2
+    );
+
+    // master reads cluster.json; exec runs the command with TF_CONFIG set.
+    let r = run(trainlet()
+        .args([
+            "master",
+            "--task-type",
+            "worker",
+            "--task-id",
+            "2",
+            "--output-dir",
+        ])
+        .arg(dirs[0].path()));
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, format!("grpc://10.3.0.5:{p}\n").as_str())
+    );
+    let r = run(trainlet()
+        .args(["exec", "--output-dir"])
+        .arg(dirs[3].path())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "printf '%s|%s|%s' \"$TF_CONFIG\" \"$TRAINLET_TASK_TYPE\" \"$TRAINLET_TASK_INDEX\"",
+        ]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, format!("{}|worker|1", tf_json.trim()));
+    let r = run(trainlet()
+        .args(["exec", "--output-dir"])
+        .arg(dirs[3].path())
+        .args(["--", "sh", "-c", "exit 7"]));
+    assert_eq!(r.code, 7);
+    let r = run(trainlet()
+        .args(["exec", "--output-dir"])
+        .arg(dirs[3].path())
+        .args(["--", "/no/such/program"]));
+    assert_eq!(r.code, 127);
+    assert_eq!(
+        r.error_line(),
+        "cannot run \"/no/such/program\": No such file or directory (os error 2)"
+    );
+}
+
+#[tokio::test]
+async fn other_namespaces_terminal_and_terminating_pods_are_not_peers() {
+    let client = admin().await;
+    let ns = namespace(&client, "iso").await;
+    let decoy_ns = namespace(&client, "decoy").await;
+    running_pods(
+        &client,
+        &decoy_ns,
+        &[("worker-5", "app=iso,role=worker", "10.9.9.9")],
+    )
+    .await;
+    let kubelet = Kubelet::new(&client, &ns);
+    // A pod the Job left behind before a retry, and its replacement.
+    running_pods(
+        &client,
+        &ns,
+        &[("worker-0-old", "app=iso,role=worker", "10.4.0.9")],
+    )
+    .await;
+    kubelet.phase("worker-0-old", "Failed").await;
+    // A terminating pod: deleted, held by a finalizer.
+    let mut held = pod("worker-1-old").labels("app=iso,role=worker").to_pod();
+    held.metadata.finalizers = Some(vec!["trainlet.test/hold".into()]);
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &held)
+        .await
+        .unwrap();
+    kubelet.run("worker-1-old", "10.4.0.8").await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("worker-1-old", &DeleteParams::default())
+        .await
+        .unwrap();
+    running_pods(
+        &client,
+        &ns,
+        &[
+            ("worker-0", "app=iso,role=worker", "10.4.0.1"),
+            ("worker-1", "app=iso,role=worker", "10.4.0.2"),
+        ],
+    )
+    .await;
+
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "worker-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=app=iso,role=worker",
+            "--expect",
+            "worker=2",
+            "--timeout",
+            "20s",
+            "--port",
+            &free_port().to_string(),
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let tf: Value = serde_json::from_str(&read(out.path(), "tf_config.json")).unwrap();
+    let port = tf["cluster"]["worker"][0]
+        .as_str()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_string();
+    assert_eq!(
+        tf["cluster"],
+        json!({"worker": [format!("10.4.0.1:{port}"), format!("10.4.0.2:{port}")]})
+    );
+    assert_eq!(tf["task"], json!({"type": "worker", "index": 0}));
+}
+
+#[tokio::test]
+async fn timeout_names_the_pending_pod_and_its_reason() {
+    let client = admin().await;
+    let ns = namespace(&client, "timeout").await;
+    running_pods(&client, &ns, &[("w-0", "role=w", "10.5.0.1")]).await;
+    pod("w-1").labels("role=w").create(&client, &ns).await;
+    Kubelet::new(&client, &ns)
+        .unschedulable(
+            "w-1",
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        )
+        .await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=3",
+            "--timeout",
+            "2s",
+        ],
+    ));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let msg = "peers not ready after 2s: worker: expected 3, ready 1 of 2 live (1 missing); pod \"w-1\" is Pending (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)";
+    assert_eq!(r.error_line(), msg);
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+    let evs = events(&client, &ns).await;
+    assert!(
+        evs.contains(&(
+            "Warning".into(),
+            "PeerWaitTimeout".into(),
+            msg.into(),
+            "w-0".into()
+        )),
+        "{evs:?}"
+    );
+}
+
+#[tokio::test]
+async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
+    let client = admin().await;
+    let ns = namespace(&client, "owner").await;
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {"name": "w"},
+        "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2, "template": {
+            "metadata": {"labels": {"app": "owned"}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}
+    }))
+    .unwrap();
+    let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let uid = job.metadata.uid.unwrap();
+    let kubelet = Kubelet::new(&client, &ns);
+    for i in 0..2 {
+        let name = format!("w-{i}");
+        pod(&name)
+            .labels(&format!(
+                "app=owned,batch.kubernetes.io/job-completion-index={i}"
+            ))
+            .owned_by("batch/v1", "Job", "w", &uid)
+            .create(&client, &ns)
+            .await;
+        kubelet.run(&name, &format!("10.6.0.{i}")).await;
+    }
+    // Run as the manifests' ServiceAccount: its Role must allow reading the Job.
+    apply_rbac(&ns);
+    let dir = tempfile::tempdir().unwrap();
+    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let r = run(&mut init_cmd(
+        &kc,
+        &ns,
+        "w-1",
+        out.path(),
+        &[
+            "--job",
+            "worker=app=owned",
+            "--timeout",
+            "20s",
+            "--port",
+            &port,
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        read(out.path(), "tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"10.6.0.0:{port}\",\"10.6.0.1:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":1}}}}\n"
+        )
+    );
+
+    // No owner and no --expect: exit 2, asking for --expect.
+    running_pods(&client, &ns, &[("loner", "app=loner", "10.6.1.1")]).await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "loner",
+        out.path(),
+        &["--job", "worker=app=loner", "--timeout", "20s"],
+    ));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        "cannot determine how many worker pods to expect: pod \"loner\" has no owning Job, StatefulSet or ReplicaSet; pass --expect worker=N"
+    );
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn rbac_from_the_manifests_suffices_and_a_missing_watch_is_named() {
+    let client = admin().await;
+    let ns = namespace(&client, "rbac").await;
+    apply_rbac(&ns);
+    running_pods(&client, &ns, &[("w-0", "role=w", "10.7.0.1")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let r = run(&mut init_cmd(
+        &kc,
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=1",
+            "--port",
+            &port,
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("WARN"),
+        "annotation and event are allowed: {}",
+        r.stderr
+    );
+    assert_eq!(
+        read(out.path(), "tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"10.7.0.1:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":0}}}}\n"
+        )
+    );
+
+    // A Role without watch: exit 4, naming the verb and the resource. (With every peer
+    // ready at the first list, no watch is needed and none is made; so a second peer is
+    // still missing here, as it is when init containers start.)
+    kubectl(&["create", "serviceaccount", "limited", "-n", &ns]);
+    kubectl(&[
+        "create",
+        "role",
+        "limited",
+        "-n",
+        &ns,
+        "--verb=get,list,patch",
+        "--resource=pods",
+    ]);
+    kubectl(&[
+        "create",
+        "rolebinding",
+        "limited",
+        "-n",
+        &ns,
+        "--role=limited",
+        &format!("--serviceaccount={ns}:limited"),
+    ]);
+    let kc = sa_kubeconfig(&client, &ns, "limited", dir.path()).await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        &kc,
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=2",
+            "--timeout",
+            "20s",
+        ],
+    ));
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "forbidden: cannot watch pods in namespace \"{ns}\": the Role bound to ServiceAccount {ns}:limited lacks verb \"watch\" on \"pods\"; apply manifests/rbac.yaml (pods is forbidden: User \"system:serviceaccount:{ns}:limited\" cannot watch resource \"pods\" in API group \"\" in the namespace \"{ns}\")"
+        )
+    );
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_real_listener_on_the_port_gives_exit_6_and_writes_nothing() {
+    let client = admin().await;
+    let ns = namespace(&client, "port").await;
+    running_pods(&client, &ns, &[("w-0", "role=w", "10.8.0.1")]).await;
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=1",
+            "--port",
+            &port,
+        ],
+    ));
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    let msg = format!("port {port} is already in use in this pod's network namespace");
+    assert_eq!(r.error_line(), msg);
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+    let evs = events(&client, &ns).await;
+    assert!(
+        evs.contains(&("Warning".into(), "PortConflict".into(), msg, "w-0".into())),
+        "{evs:?}"
+    );
+    drop(listener);
+}
+
+#[tokio::test]
+async fn exec_runs_init_first_when_no_tf_config_exists() {
+    let client = admin().await;
+    let ns = namespace(&client, "exec").await;
+    running_pods(&client, &ns, &[("chief-0", "role=chief", "10.8.1.1")]).await;
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let r = run(trainlet()
+        .arg("exec")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args([
+            "--pod-name",
+            "chief-0",
+            "--pod-namespace",
+            &ns,
+            "--job",
+            "chief=role=chief",
+            "--expect",
+            "chief=1",
+            "--port",
+            &port,
+            "--environment",
+            "cloud",
+        ])
+        .arg("--output-dir")
+        .arg(out.path())
+        .args(["--", "sh", "-c", "echo \"$TF_CONFIG\""]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want = format!(
+        "{{\"cluster\":{{\"chief\":[\"10.8.1.1:{port}\"]}},\"task\":{{\"type\":\"chief\",\"index\":0}},\"environment\":\"cloud\"}}"
+    );
+    assert_eq!(r.stdout, format!("{want}\n"));
+    assert_eq!(read(out.path(), "tf_config.json"), format!("{want}\n"));
+}
