@@ -1,0 +1,261 @@
+//! Bad input and faults for `trainlet init`: every bad input gets its exit code and one
+//! clear line, and nothing is written; kill -9, an API server restart and a taken port
+//! leave correct files or none.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+/// Each case: arguments after `init` (the kubeconfig, namespace and output dir are
+/// added), the exit code, and the exact error line.
+#[tokio::test]
+async fn bad_inputs_exit_with_their_code_and_one_line_and_write_nothing() {
+    let client = admin().await;
+    let ns = namespace(&client, "bad").await;
+    Kubelet::new(&client, &ns)
+        .bind(
+            &pod("w-0")
+                .labels("role=w")
+                .create(&client, &ns)
+                .await
+                .metadata
+                .name
+                .unwrap(),
+            "node-a",
+        )
+        .await;
+    let missing_kc = "/nonexistent/kubeconfig";
+    let cases: Vec<(Vec<&str>, i32, String)> = vec![
+        (vec![], 2, "no jobs given: pass --job TYPE=SELECTOR (repeatable) or --job-to-label-mapping JSON".into()),
+        (vec!["--job", "worker"], 2, "invalid --job \"worker\": expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into()),
+        (vec!["--job", "worker=app in (a"], 2, "invalid --job \"worker=app in (a\": '(' without ')'".into()),
+        (vec!["--job", "worker="], 2, "invalid --job \"worker=\": empty selector would match every pod in the namespace".into()),
+        (
+            vec!["--job-to-label-mapping", "{\"worker\": [\"job-name=w\"]"],
+            2,
+            "invalid --job-to-label-mapping: not a JSON object of lists: EOF while parsing an object at line 1 column 25".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--expect", "ps=1"],
+            2,
+            "invalid --expect \"ps=1\": \"ps\" is not a job type given by --job (worker)".into(),
+        ),
+        (vec!["--job", "worker=role=w", "--expect", "worker=two"], 2, "invalid --expect \"worker=two\": N must be a whole number".into()),
+        (
+            vec!["--job", "worker=role=w", "--timeout", "soon"],
+            2,
+            "invalid --timeout \"soon\": expected number at 0 (use e.g. 30s, 10m or 1h; 0 means no limit)".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--port", "70000"],
+            2,
+            "invalid value '70000' for '--port <N>': 70000 is not in 0..=65535 (see trainlet --help)".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--address", "ip"],
+            2,
+            "invalid value 'ip' for '--address <ADDRESS>' [possible values: pod-ip, host-ip, dns] (see trainlet --help)".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--task-type", "worker"],
+            2,
+            "the following required arguments were not provided: --task-index <I> (see trainlet --help)".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--job-to-label-mapping", "{}"],
+            2,
+            "the argument '--job <TYPE=SELECTOR>' cannot be used with '--job-to-label-mapping <JSON>' (see trainlet --help)".into(),
+        ),
+        (
+            vec!["--job", "worker=role=w", "--task-type", "ps", "--task-index", "0"],
+            2,
+            "invalid --task-type \"ps\": not a job type given by --job (worker)".into(),
+        ),
+        (vec!["--job", "worker=role=w", "--rpc-layer", "grpc://"], 2, "invalid --rpc-layer \"grpc://\": give the scheme only, e.g. grpc".into()),
+        (
+            vec!["--job", "worker=role=w", "KUBECONFIG", missing_kc],
+            2,
+            "cannot load kubeconfig /nonexistent/kubeconfig: No such file or directory (os error 2)".into(),
+        ),
+        (
+            vec!["--job", "worker=app=other", "--expect", "worker=1"],
+            5,
+            "this pod \"w-0\" matches none of the job selectors (worker: app=other); fix its labels or the selectors, or pass --task-type and --task-index".into(),
+        ),
+        (vec!["--job", "worker=role=w", "POD", "nope"], 4, format!("pod \"nope\" not found in namespace \"{ns}\"")),
+        (vec!["--job", "worker=role=w", "--log-level", "trainlet=[["], 2, String::new()),
+    ];
+    assert!(cases.len() >= 12);
+    for (args, code, msg) in cases {
+        let out = tempfile::tempdir().unwrap();
+        std::fs::write(out.path().join("keep.txt"), "mine").unwrap();
+        // `KUBECONFIG x` and `POD x` replace the kubeconfig and pod name init_cmd sets.
+        let (mut kc, mut pod_name, mut rest) = (kubeconfig(), "w-0", Vec::new());
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match *a {
+                "KUBECONFIG" => kc = Path::new(it.next().unwrap()),
+                "POD" => pod_name = it.next().unwrap(),
+                _ => rest.push(*a),
+            }
+        }
+        let r = run(&mut init_cmd(kc, &ns, pod_name, out.path(), &rest));
+        assert_eq!(r.code, code, "{args:?}: {}", r.stderr);
+        if msg.is_empty() {
+            assert!(
+                r.error_line()
+                    .starts_with("invalid --log-level \"trainlet=[[\""),
+                "{}",
+                r.stderr
+            );
+        } else {
+            assert_eq!(r.error_line(), msg, "{args:?}");
+        }
+        assert_eq!(
+            r.stderr
+                .lines()
+                .filter(|l| l.starts_with("trainlet: error:"))
+                .count(),
+            1
+        );
+        assert_eq!(
+            list_dir(out.path()),
+            ["keep.txt"],
+            "{args:?} wrote into the output dir"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out.path().join("keep.txt")).unwrap(),
+            "mine"
+        );
+    }
+    // A missing output directory is caught before anything else happens.
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "w-0",
+        Path::new("/nonexistent/out"),
+        &["--job", "worker=role=w"],
+    ));
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.error_line(),
+        "invalid --output-dir /nonexistent/out: not a directory (mount a shared emptyDir there)"
+    );
+}
+
+/// kill -9 while waiting leaves nothing behind; the rerun (what the kubelet does)
+/// writes complete, correct files.
+#[tokio::test]
+async fn kill_9_then_rerun_leaves_complete_files() {
+    let client = admin().await;
+    let ns = namespace(&client, "kill").await;
+    for n in ["w-0", "w-1"] {
+        pod(n).labels("role=w").create(&client, &ns).await;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let args = [
+        "--job",
+        "worker=role=w",
+        "--expect",
+        "worker=2",
+        "--port",
+        &port,
+        "--timeout",
+        "30s",
+    ];
+    let mut child = init_cmd(kubeconfig(), &ns, "w-1", out.path(), &args)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    assert_eq!(
+        list_dir(out.path()),
+        Vec::<String>::new(),
+        "nothing half written"
+    );
+
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.run("w-0", "10.20.0.1").await;
+    kubelet.run("w-1", "10.20.0.2").await;
+    let r = run(&mut init_cmd(kubeconfig(), &ns, "w-1", out.path(), &args));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        list_dir(out.path()),
+        ["cluster.json", "tf_config.json", "trainlet.env"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.path().join("tf_config.json")).unwrap(),
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"10.20.0.1:{port}\",\"10.20.0.2:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":1}}}}\n"
+        )
+    );
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("cluster.json")).unwrap())
+            .unwrap();
+    assert_eq!(cluster["task"]["index"], 1);
+}
+
+/// Six agents wait; kube-apiserver goes away for two seconds and comes back on the same
+/// etcd; the pods then come up. The watchers reconnect and every agent finishes.
+#[tokio::test]
+async fn agents_survive_an_api_server_restart() {
+    let cp = PrivateControlPlane::start("restart");
+    let client = client_from(&cp.kubeconfig).await;
+    let ns = namespace(&client, "restart").await;
+    let names: Vec<String> = (0..6).map(|i| format!("w-{i}")).collect();
+    for n in &names {
+        pod(n).labels("role=w").create(&client, &ns).await;
+    }
+    let port = free_port().to_string();
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let agents: Vec<_> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| {
+            spawn(init_cmd(
+                &cp.kubeconfig,
+                &ns,
+                n,
+                d.path(),
+                &[
+                    "--job",
+                    "worker=role=w",
+                    "--expect",
+                    "worker=6",
+                    "--port",
+                    &port,
+                    "--timeout",
+                    "90s",
+                ],
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cp.restart_apiserver(Duration::from_secs(2));
+    let client = client_from(&cp.kubeconfig).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, n) in names.iter().enumerate() {
+        kubelet.run(n, &format!("10.21.0.{i}")).await;
+    }
+    let want_cluster: Vec<String> = (0..6).map(|i| format!("10.21.0.{i}:{port}")).collect();
+    for (i, (agent, dir)) in agents.into_iter().zip(&dirs).enumerate() {
+        let r = agent.await.unwrap();
+        assert_eq!(r.code, 0, "agent {i}: {}", r.stderr);
+        let tf: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("tf_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(tf["cluster"]["worker"], serde_json::json!(want_cluster));
+        assert_eq!(tf["task"]["index"], i);
+    }
+}
