@@ -1,1 +1,313 @@
-//! Prometheus metrics and the admin server.
+//! Prometheus metrics and the admin HTTP server of the reporters.
+//!
+//! Routes:
+//! - `GET /metrics`: every metric, in the OpenMetrics text format (prometheus-client);
+//! - `GET /livez`: 200 while the process serves at all;
+//! - `GET /readyz`: 200 once the first report has been published, 503 before.
+//!
+//! The server is plain HTTP/1 on hyper, one small task per connection on the same
+//! single-threaded runtime as the reporters: a scrape every 15 s costs nothing worth a
+//! thread.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use thiserror::Error;
+use tracing::{debug, info};
+
+use crate::{Code, Failure};
+
+/// The OpenMetrics content type that Prometheus negotiates.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    #[error("cannot serve metrics on {addr}: {source} (pass another --metrics-addr, or `off`)")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("invalid --metrics-addr {0:?}: use HOST:PORT such as 0.0.0.0:9464, or `off`")]
+    Addr(String),
+}
+
+impl From<MetricsError> for Failure {
+    fn from(e: MetricsError) -> Self {
+        let code = match e {
+            MetricsError::Bind { .. } => Code::PortConflict,
+            MetricsError::Addr(_) => Code::Usage,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+/// Parses `--metrics-addr`: `HOST:PORT`, `[::]:PORT`, or `off`.
+pub fn parse_addr(value: &str) -> Result<Option<SocketAddr>, MetricsError> {
+    let v = value.trim();
+    if v.eq_ignore_ascii_case("off") || v.is_empty() {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|_| MetricsError::Addr(value.to_string()))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerLabel {
+    pub container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabel {
+    pub port: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
+}
+
+/// Every metric trainlet exports, registered once.
+pub struct Metrics {
+    registry: Registry,
+    pub gpus: Gauge,
+    pub gpus_expected: Gauge,
+    pub oom_kills: Family<ContainerLabel, Counter>,
+    pub port_conflict: Family<PortLabel, Gauge>,
+    pub health: Gauge,
+    pub annotation_patches: Counter,
+    pub api_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("trainlet");
+        let m = Metrics {
+            gpus: Gauge::default(),
+            gpus_expected: Gauge::default(),
+            oom_kills: Family::default(),
+            port_conflict: Family::default(),
+            health: Gauge::default(),
+            annotation_patches: Counter::default(),
+            api_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("gpus", "GPUs visible through NVML", m.gpus.clone());
+        registry.register(
+            "gpus_expected",
+            "GPUs expected: the training container's nvidia.com/gpu limit or --expect-gpus (0 when none)",
+            m.gpus_expected.clone(),
+        );
+        registry.register(
+            "oom_kills",
+            "OOM kills observed since trainlet started, by container",
+            m.oom_kills.clone(),
+        );
+        registry.register(
+            "port_conflict",
+            "1 when a watched port is in conflict, else 0",
+            m.port_conflict.clone(),
+        );
+        registry.register(
+            "health",
+            "1 when the pod is ok, 0 when degraded",
+            m.health.clone(),
+        );
+        registry.register(
+            "annotation_patches",
+            "Annotation patches sent to the API server",
+            m.annotation_patches.clone(),
+        );
+        registry.register(
+            "api_errors",
+            "Failed Kubernetes API calls (patches, Events, the pod watch)",
+            m.api_errors.clone(),
+        );
+        registry.register(
+            "build",
+            "trainlet's version",
+            Info::new(VersionLabel {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The OpenMetrics text of every metric, ending in `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The readiness latch: it flips once, when the first report is published, and never
+/// back. A reporter that loses the API server later is still ready: it has reported,
+/// and it catches up on its own.
+#[derive(Clone, Default, Debug)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Binds the admin server's socket. Separate from [`serve`] so that a bind failure is
+/// reported before anything else starts.
+pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
+    let std =
+        std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    std.set_nonblocking(true)
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    tokio::net::TcpListener::from_std(std).map_err(|source| MetricsError::Bind { addr, source })
+}
+
+/// Serves `/metrics`, `/livez` and `/readyz` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Readiness) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /livez and /readyz");
+    }
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let resp = route(&req, &metrics, &ready);
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await
+            {
+                debug!(%peer, "admin connection ended: {e}");
+            }
+        });
+    }
+}
+
+fn route<B>(req: &Request<B>, metrics: &Metrics, ready: &Readiness) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: &str| {
+        Response::builder()
+            .status(status)
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("static response")
+    };
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+    }
+    match req.uri().path() {
+        "/metrics" => Response::builder()
+            .header("content-type", CONTENT_TYPE)
+            .body(Full::new(Bytes::from(metrics.encode())))
+            .expect("static response"),
+        "/livez" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if ready.is_ready() => text(StatusCode::OK, "ok\n"),
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the first report has not been published yet\n",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /livez or /readyz\n",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_names_and_format() {
+        let m = Metrics::new();
+        m.gpus.set(4);
+        m.oom_kills
+            .get_or_create(&ContainerLabel {
+                container: "trainer".into(),
+            })
+            .inc();
+        m.port_conflict
+            .get_or_create(&PortLabel {
+                port: "8470".into(),
+            })
+            .set(1);
+        let text = m.encode();
+        for line in [
+            "# TYPE trainlet_gpus gauge",
+            "trainlet_gpus 4",
+            "trainlet_gpus_expected 0",
+            "# TYPE trainlet_oom_kills counter",
+            "trainlet_oom_kills_total{container=\"trainer\"} 1",
+            "trainlet_port_conflict{port=\"8470\"} 1",
+            "trainlet_health 0",
+            "trainlet_annotation_patches_total 0",
+            "trainlet_api_errors_total 0",
+            &format!(
+                "trainlet_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn metrics_addr() {
+        assert_eq!(parse_addr("off").unwrap(), None);
+        assert_eq!(
+            parse_addr("0.0.0.0:9464").unwrap(),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(
+            parse_addr("[::]:9464").unwrap(),
+            Some("[::]:9464".parse().unwrap())
+        );
+        let e = parse_addr("localhost").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
+        );
+    }
+
+    #[test]
+    fn readiness_latches() {
+        let r = Readiness::default();
+        assert!(!r.is_ready());
+        r.clone().set();
+        assert!(r.is_ready());
+    }
+}

@@ -48,11 +48,37 @@ pub fn run(args: ExecArgs) -> Result<Code, Failure> {
         .env("TRAINLET_TASK_TYPE", &tf.task.task_type)
         .env("TRAINLET_TASK_INDEX", tf.task.index.to_string());
     if args.report {
-        return Err(Failure::not_implemented("trainlet exec --report"));
+        return report(args, cmd, &tf);
     }
     // Only returns on failure.
     let err = cmd.exec();
     Err(spawn_failure(&args.command[0], &err))
+}
+
+/// `--report`: stay as CMD's parent, run the reporters in-process, forward signals,
+/// and exit with CMD's code (or 128+signal).
+fn report(
+    args: ExecArgs,
+    cmd: std::process::Command,
+    tf: &tfconfig::TfConfig,
+) -> Result<Code, Failure> {
+    use crate::report::engine;
+    let cfg = engine::Config::from_args(engine::Mode::Exec, &args.report_args)?;
+    // The own task's server port, from TF_CONFIG: the port CMD is about to listen on.
+    let own_port = tf
+        .cluster
+        .get(&tf.task.task_type)
+        .and_then(|hosts| hosts.get(tf.task.index))
+        .and_then(|addr| addr.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    let code = super::runtime()?.block_on(engine::exec(
+        cfg,
+        &args.init.kube,
+        cmd,
+        &args.command[0],
+        own_port,
+    ))?;
+    std::process::exit(code);
 }
 
 /// Shell-compatible codes: 127 not found, 126 found but not executable.
