@@ -1,0 +1,519 @@
+//! Unit tests of inject's pure part: exact output for fixtures, idempotence,
+//! pass-through, every supported kind, --wrap, bad YAML, and that the shipped examples
+//! are exactly what inject makes of their originals.
+
+use clap::Parser;
+
+use super::yaml;
+use super::*;
+use crate::cli::{Cli, Command};
+
+const MIXED: &str = include_str!("../../tests/fixtures/inject/mixed.yaml");
+const MIXED_INJECTED: &str = include_str!("../../tests/fixtures/inject/mixed.injected.yaml");
+const CRONJOB: &str = include_str!("../../tests/fixtures/inject/cronjob.yaml");
+const LIST: &str = include_str!("../../tests/fixtures/inject/list.yaml");
+const IMPLICIT: &str = include_str!("../../tests/fixtures/inject/implicit-entrypoint.yaml");
+const BAD: &str = include_str!("../../tests/fixtures/inject/bad.yaml");
+
+/// The config that `trainlet inject ARGS` would use.
+fn config(args: &[&str]) -> InjectConfig {
+    let argv = ["trainlet", "inject"].iter().chain(args);
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    let Command::Inject(a) = cli.command else {
+        unreachable!()
+    };
+    InjectConfig::from_args(&a).unwrap_or_else(|f| panic!("{}", f.message))
+}
+
+fn config_err(args: &[&str]) -> Failure {
+    let argv = ["trainlet", "inject"].iter().chain(args);
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    let Command::Inject(a) = cli.command else {
+        unreachable!()
+    };
+    InjectConfig::from_args(&a).unwrap_err()
+}
+
+fn docs(src: &str) -> Vec<serde_json::Value> {
+    yaml::split_documents(src)
+        .iter()
+        .flat_map(|c| yaml::parse(c).unwrap())
+        .map(|n| yaml::to_json(&n))
+        .collect()
+}
+
+fn pod_spec(doc: &serde_json::Value) -> &serde_json::Value {
+    match doc["kind"].as_str().unwrap() {
+        "Pod" => &doc["spec"],
+        "CronJob" => &doc["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => &doc["spec"]["template"]["spec"],
+    }
+}
+
+fn names(containers: &serde_json::Value) -> Vec<&str> {
+    containers
+        .as_array()
+        .map(|a| a.iter().map(|c| c["name"].as_str().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn mixed_fixture_gives_exactly_the_golden_output() {
+    let cfg = config(&["--job", "worker=app=trainer", "--wrap", "train"]);
+    let out = inject(MIXED, &cfg).unwrap();
+    assert_eq!(out.yaml, MIXED_INJECTED);
+    let notes: Vec<String> = out.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "document 1 (v1 ConfigMap \"settings\"): no pod template; passed through unchanged",
+            "document 2 (apps/v1 Deployment \"trainer\"): injected",
+            "document 3 (v1 Service \"trainer\"): no pod template; passed through unchanged",
+            "document 4 (batch.volcano.sh/v1alpha1 Job \"not-a-batch-job\"): no pod template; passed through unchanged",
+        ]
+    );
+}
+
+#[test]
+fn injecting_twice_is_byte_identical_to_injecting_once() {
+    let configs = [
+        config(&["--job", "worker=app=trainer", "--wrap", "train"]),
+        config(&["--job", "worker=app=trainer", "--classic-sidecar"]),
+        config(&[
+            "--job",
+            "worker=app=trainer",
+            "--expect",
+            "worker=2",
+            "--address",
+            "dns",
+            "--port",
+            "2222",
+            "--output-dir",
+            "/var/run/trainlet",
+            "--timeout",
+            "30m",
+        ]),
+    ];
+    for cfg in &configs {
+        for src in [MIXED, CRONJOB, LIST] {
+            let once = inject(src, cfg).unwrap();
+            let twice = inject(&once.yaml, cfg).unwrap();
+            assert_eq!(twice.yaml, once.yaml, "{cfg:?}\n{src}");
+            assert!(
+                twice.notes.iter().all(|n| !n.text.starts_with("injected")),
+                "{:?}",
+                twice.notes
+            );
+        }
+    }
+}
+
+#[test]
+fn other_kinds_and_unknown_fields_pass_through() {
+    let cfg = config(&["--job", "worker=app=trainer"]);
+    let out = inject(MIXED, &cfg).unwrap();
+    let chunks = yaml::split_documents(&out.yaml);
+    let input = yaml::split_documents(MIXED);
+    // ConfigMap, Service and the custom resource: byte for byte, comments included.
+    for i in [0, 2, 3] {
+        assert_eq!(chunks[i].text, input[i].text);
+    }
+    let before = &docs(MIXED)[1];
+    let after = &docs(&out.yaml)[1];
+    assert_eq!(after["spec"]["futureField"], before["spec"]["futureField"]);
+    assert_eq!(
+        pod_spec(after)["someFutureSpecField"],
+        serde_json::json!([1, 2])
+    );
+    assert_eq!(after["metadata"], before["metadata"]);
+    // YAML 1.1 meanings survive the rewrite: octal mode, quoted "on", quoted '1.0'.
+    assert_eq!(
+        pod_spec(after)["volumes"][0]["configMap"]["defaultMode"],
+        420
+    );
+    let env = &pod_spec(after)["containers"][0]["env"];
+    assert_eq!(env[0]["value"], "on");
+    assert_eq!(env[1]["value"], "1.0");
+    // The user's init container stays, after trainlet's.
+    assert_eq!(
+        names(&pod_spec(after)["initContainers"]),
+        ["trainlet-init", "trainlet", "fetch-data"]
+    );
+    assert_eq!(
+        pod_spec(after)["initContainers"][2]["command"][2],
+        "echo fetching\necho done\n"
+    );
+}
+
+#[test]
+fn a_cronjob_is_injected_at_its_job_template() {
+    let cfg = config(&["--job", "worker=app=nightly", "--wrap", "train"]);
+    let out = inject(CRONJOB, &cfg).unwrap();
+    let d = &docs(&out.yaml)[0];
+    let spec = pod_spec(d);
+    assert_eq!(
+        names(&spec["initContainers"]),
+        ["trainlet-init", "trainlet"]
+    );
+    assert_eq!(spec["initContainers"][1]["restartPolicy"], "Always");
+    assert_eq!(spec["serviceAccountName"], "trainlet");
+    assert_eq!(
+        spec["containers"][0]["command"],
+        serde_json::json!([
+            "/etc/trainlet/bin/trainlet",
+            "exec",
+            "--report",
+            "--",
+            "python",
+            "train.py"
+        ])
+    );
+    let meta = &d["spec"]["jobTemplate"]["spec"]["template"]["metadata"];
+    assert_eq!(meta["annotations"]["prometheus.io/port"], "9464");
+    assert_eq!(d["spec"]["schedule"], "0 3 * * *");
+}
+
+#[test]
+fn a_list_is_injected_item_by_item() {
+    let cfg = config(&["--job", "worker=app=solo"]);
+    let out = inject(LIST, &cfg).unwrap();
+    let d = &docs(&out.yaml)[0];
+    let items = d["items"].as_array().unwrap();
+    assert_eq!(
+        names(&items[0]["spec"]["initContainers"]),
+        ["trainlet-init", "trainlet"]
+    );
+    assert_eq!(
+        items[0]["spec"]["containers"][0]["volumeMounts"],
+        serde_json::json!([{"name": "trainlet", "mountPath": "/etc/trainlet", "readOnly": true}])
+    );
+    assert_eq!(
+        items[1],
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "b"}})
+    );
+    let notes: Vec<String> = out.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "document 1 (v1 Pod \"solo\"): injected",
+            "document 1 (v1 ConfigMap \"cm\"): no pod template; passed through unchanged",
+        ]
+    );
+}
+
+#[test]
+fn classic_and_native_sidecars_replace_each_other() {
+    let native = config(&["--job", "worker=app=trainer"]);
+    let classic = config(&["--job", "worker=app=trainer", "--classic-sidecar"]);
+    let a = inject(MIXED, &classic).unwrap();
+    let spec = pod_spec(&docs(&a.yaml)[1]).clone();
+    assert_eq!(names(&spec["containers"]), ["train", "trainlet"]);
+    assert_eq!(
+        names(&spec["initContainers"]),
+        ["trainlet-init", "fetch-data"]
+    );
+    assert_eq!(
+        spec["containers"][1]["args"],
+        serde_json::json!(["--port=8470", "--exit-with-main"])
+    );
+    assert!(spec["containers"][1].get("restartPolicy").is_none());
+    // Back to native: the same as injecting the original natively.
+    let b = inject(&a.yaml, &native).unwrap();
+    assert_eq!(b.yaml, inject(MIXED, &native).unwrap().yaml);
+}
+
+#[test]
+fn wrap_needs_an_explicit_command() {
+    let cfg = config(&["--job", "worker=app=x", "--wrap", "train"]);
+    let err = inject(IMPLICIT, &cfg).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot --wrap container \"train\" of batch/v1 Job \"implicit\" (document 1): it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again"
+    );
+    let cfg = config(&["--job", "worker=app=x", "--wrap", "trainer"]);
+    let err = inject(MIXED, &cfg).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "--wrap \"trainer\": no pod template has a container of that name (found: train)"
+    );
+    // Without --wrap the same template is fine: args stay as they are.
+    let cfg = config(&["--job", "worker=app=x"]);
+    let out = inject(IMPLICIT, &cfg).unwrap();
+    let spec = pod_spec(&docs(&out.yaml)[0]).clone();
+    assert_eq!(
+        spec["containers"][0]["args"],
+        serde_json::json!(["--epochs", "3"])
+    );
+    assert!(spec["containers"][0].get("command").is_none());
+}
+
+#[test]
+fn wrap_keeps_args_and_puts_the_command_after_the_separator() {
+    let cfg = config(&["--job", "worker=app=trainer", "--wrap", "train"]);
+    let out = inject(MIXED, &cfg).unwrap();
+    let d = docs(&out.yaml);
+    let c = &pod_spec(&d[1])["containers"][0];
+    assert_eq!(
+        c["command"],
+        serde_json::json!([
+            "/etc/trainlet/bin/trainlet",
+            "exec",
+            "--report",
+            "--",
+            "python"
+        ])
+    );
+    assert_eq!(c["args"], serde_json::json!(["train.py", "--epochs", "10"]));
+    let env: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        env,
+        [
+            "FLAG",
+            "RATE",
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_UID",
+            "TRAINLET_METRICS_ADDR"
+        ]
+    );
+}
+
+#[test]
+fn bad_yaml_names_the_document_and_line() {
+    let cfg = config(&["--job", "worker=app=x"]);
+    let err = inject(BAD, &cfg).unwrap_err();
+    let TransformError::Syntax { doc, line, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!((*doc, *line), (2, 12), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("invalid YAML in document 2 at line 12, column 3: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn init_flags_are_passed_through_only_when_set() {
+    let cfg = config(&["--job", "ps=job-name=p", "--job", "worker=job-name=w"]);
+    assert_eq!(
+        cfg.init_args,
+        [
+            "--job=ps=job-name=p",
+            "--job=worker=job-name=w",
+            "--install-to=/etc/trainlet/bin"
+        ]
+    );
+    let cfg = config(&[
+        "--job-to-label-mapping",
+        r#"{"worker":["app=w"]}"#,
+        "--expect",
+        "worker=4",
+        "--namespace",
+        "ml",
+        "--port",
+        "2222",
+        "--port-name",
+        "tfjob-port",
+        "--address",
+        "host-ip",
+        "--cluster-domain",
+        "corp.local",
+        "--order",
+        "name",
+        "--ready",
+        "ready",
+        "--rpc-layer",
+        "grpc+verbs",
+        "--environment",
+        "cloud",
+        "--output-dir",
+        "/run/tf/",
+        "--install-to",
+        "/run/tf/tools",
+        "--timeout",
+        "1h",
+        "--image",
+        "registry.local/trainlet:dev",
+        "--service-account",
+        "ml-runner",
+    ]);
+    assert_eq!(
+        cfg.init_args,
+        [
+            r#"--job-to-label-mapping={"worker":["app=w"]}"#,
+            "--expect=worker=4",
+            "--namespace=ml",
+            "--port=2222",
+            "--port-name=tfjob-port",
+            "--address=host-ip",
+            "--cluster-domain=corp.local",
+            "--order=name",
+            "--ready=ready",
+            "--rpc-layer=grpc+verbs",
+            "--environment=cloud",
+            "--output-dir=/run/tf",
+            "--install-to=/run/tf/tools",
+            "--timeout=1h",
+        ]
+    );
+    assert_eq!(cfg.sidecar_args, ["--port=2222"]);
+    assert_eq!(cfg.output_dir, "/run/tf");
+    assert_eq!(cfg.image, "registry.local/trainlet:dev");
+    assert_eq!(cfg.service_account, "ml-runner");
+    assert_eq!(
+        config(&["--job", "w=a=b"]).image,
+        format!("ghcr.io/trainlet/trainlet:{}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn bad_flags_fail_before_reading_anything() {
+    let cases: [(&[&str], &str); 5] = [
+        (&[], "no jobs given: pass --job TYPE=SELECTOR"),
+        (&["--job", "worker"], "--job"),
+        (
+            &["--job", "w=a=b", "--task-type", "w", "--task-index", "0"],
+            "--task-type and --task-index would give every pod of a template the same task",
+        ),
+        (
+            &["--job", "w=a=b", "--install-to", "/opt/bin"],
+            "invalid --install-to /opt/bin: it must be a directory inside --output-dir /etc/trainlet",
+        ),
+        (
+            &["--job", "w=a=b", "--timeout", "soon"],
+            "invalid --timeout \"soon\"",
+        ),
+    ];
+    for (args, want) in cases {
+        let f = config_err(args);
+        assert_eq!(f.code, Code::Usage, "{args:?}");
+        assert!(f.message.contains(want), "{args:?}: {}", f.message);
+    }
+}
+
+#[test]
+fn a_template_with_its_own_service_account_keeps_it_with_a_note() {
+    let src = MIXED.replace(
+        "serviceAccountName: default",
+        "serviceAccountName: ml-runner",
+    );
+    let out = inject(&src, &config(&["--job", "worker=app=trainer"])).unwrap();
+    assert_eq!(
+        pod_spec(&docs(&out.yaml)[1])["serviceAccountName"],
+        "ml-runner"
+    );
+    assert!(
+        out.notes.iter().any(|n| n.text
+            == "keeps serviceAccountName \"ml-runner\": bind trainlet's Role to it (manifests/rbac.yaml binds \"trainlet\")"),
+        "{:?}",
+        out.notes
+    );
+}
+
+/// The shipped examples are exactly what inject makes of their un-injected originals
+/// (comments aside), so the examples and inject can never drift apart.
+#[test]
+fn the_examples_are_inject_output_of_their_originals() {
+    let cases: [(&str, &str, &[&str]); 3] = [
+        (
+            include_str!("../../tests/fixtures/inject/tf-ps-worker.orig.yaml"),
+            include_str!("../../manifests/examples/tf-ps-worker.yaml"),
+            &[
+                "--job",
+                "ps=batch.kubernetes.io/job-name=mnist-ps",
+                "--job",
+                "worker=batch.kubernetes.io/job-name=mnist-worker",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+        (
+            include_str!("../../tests/fixtures/inject/tf-statefulset.orig.yaml"),
+            include_str!("../../manifests/examples/tf-statefulset.yaml"),
+            &[
+                "--job",
+                "worker=app.kubernetes.io/name=mnist",
+                "--address",
+                "dns",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+        (
+            include_str!("../../tests/fixtures/inject/classic-sidecar-job.orig.yaml"),
+            include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
+            &[
+                "--job",
+                "worker=batch.kubernetes.io/job-name=mnist",
+                "--classic-sidecar",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+    ];
+    for (orig, example, args) in cases {
+        let out = inject(orig, &config(args)).unwrap();
+        assert_eq!(docs(&out.yaml), docs(example), "{args:?}");
+        // And injecting the example changes nothing at all.
+        assert_eq!(inject(example, &config(args)).unwrap().yaml, example);
+    }
+}
+
+#[test]
+fn every_trainlet_container_is_locked_down() {
+    for args in [
+        &["--job", "worker=app=trainer"][..],
+        &["--job", "worker=app=trainer", "--classic-sidecar"][..],
+    ] {
+        let out = inject(MIXED, &config(args)).unwrap();
+        let spec = pod_spec(&docs(&out.yaml)[1]).clone();
+        let all: Vec<&serde_json::Value> = spec["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(spec["containers"].as_array().unwrap())
+            .filter(|c| matches!(c["name"].as_str(), Some("trainlet" | "trainlet-init")))
+            .collect();
+        assert_eq!(all.len(), 2);
+        for c in all {
+            assert_eq!(
+                c["securityContext"],
+                serde_json::json!({
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                    "readOnlyRootFilesystem": true,
+                    "runAsNonRoot": true,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"}
+                })
+            );
+            assert_eq!(
+                c["resources"],
+                serde_json::json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "250m", "memory": "128Mi"}})
+            );
+        }
+    }
+}
+
+#[test]
+fn a_comment_only_chunk_and_leading_separator_are_kept() {
+    let src = "# header\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
+    let out = inject(src, &config(&["--job", "w=a=b"])).unwrap();
+    assert_eq!(out.yaml, src);
+    let src2 = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: i}]\n";
+    let out = inject(src2, &config(&["--job", "w=a=b"])).unwrap();
+    assert!(
+        out.yaml.starts_with("apiVersion: v1\nkind: Pod\n"),
+        "{}",
+        out.yaml
+    );
+    let again = inject(&out.yaml, &config(&["--job", "w=a=b"])).unwrap();
+    assert_eq!(again.yaml, out.yaml);
+}

@@ -1,0 +1,606 @@
+//! The pure part of `inject`: YAML text in, YAML text and notes out, for one config.
+//! No file, no environment, no clock: the same input gives the same bytes.
+
+use std::fmt;
+
+use super::yaml::{self, Chunk, Node};
+
+/// Names that mark what inject owns in a pod template: finding them again is what makes
+/// a second inject replace rather than add.
+pub const INIT_CONTAINER: &str = "trainlet-init";
+pub const SIDECAR: &str = "trainlet";
+pub const VOLUME: &str = "trainlet";
+/// Where the image puts the binary (docker/Dockerfile).
+pub const BINARY: &str = "/usr/local/bin/trainlet";
+/// The sidecar's Prometheus port (`trainlet sidecar --metrics-addr` default).
+pub const METRICS_PORT: u16 = 9464;
+/// The UID of distroless `nonroot`, which the image runs as.
+pub const UID: i64 = 65532;
+
+/// What to inject, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// trainlet's image.
+    pub image: String,
+    /// The `trainlet init` arguments after `init`, e.g. `--job=ps=app=x`.
+    pub init_args: Vec<String>,
+    /// The `trainlet sidecar` arguments after `sidecar`.
+    pub sidecar_args: Vec<String>,
+    /// Mount path of the shared emptyDir (init's --output-dir).
+    pub output_dir: String,
+    /// Where init copies the binary (its --install-to), inside `output_dir`.
+    pub install_to: String,
+    /// A regular container with `--exit-with-main` instead of a native sidecar.
+    pub classic_sidecar: bool,
+    /// The container whose command runs under `trainlet exec --report --`.
+    pub wrap: Option<String>,
+    /// The ServiceAccount bound to trainlet's Role, set where a template has none.
+    pub service_account: String,
+}
+
+/// Something the user should know about one document; printed on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// 1-based document number.
+    pub doc: usize,
+    /// e.g. `batch/v1 Job "mnist-ps"`.
+    pub what: String,
+    pub text: String,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {} ({}): {}", self.doc, self.what, self.text)
+    }
+}
+
+/// Why a stream cannot be injected. Each names what the user can fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    #[error("invalid YAML in document {doc} at line {line}, column {column}: {message}")]
+    Syntax {
+        doc: usize,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error(
+        "cannot --wrap container {container:?} of {what} (document {doc}): it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again"
+    )]
+    ImplicitEntrypoint {
+        doc: usize,
+        what: String,
+        container: String,
+    },
+    #[error("--wrap {container:?}: no pod template has a container of that name (found: {found})")]
+    WrapNotFound { container: String, found: String },
+    #[error("{what} (document {doc}): {why}")]
+    Shape {
+        doc: usize,
+        what: String,
+        why: String,
+    },
+}
+
+/// The result of a whole stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub yaml: String,
+    pub notes: Vec<Note>,
+}
+
+/// Injects every pod template in a stream of documents.
+///
+/// Documents that come out unchanged (other kinds, or already injected with this same
+/// config) are written back byte for byte, comments included; that is also what makes
+/// a second inject give exactly the output of the first. Changed documents are written
+/// anew in block style, and lose their comments.
+pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
+    let mut out = Output {
+        yaml: String::new(),
+        notes: Vec::new(),
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let mut doc = 0;
+    let mut wrapped = 0;
+    let mut containers_seen: Vec<String> = Vec::new();
+    for chunk in yaml::split_documents(src) {
+        if chunk.text.trim().is_empty() {
+            continue;
+        }
+        let nodes = parse(&chunk, doc + 1)?;
+        if nodes.is_empty() {
+            // Only comments: keep them.
+            parts.push(chunk.text.to_string());
+            continue;
+        }
+        let mut changed = false;
+        let mut emitted = String::new();
+        for (i, node) in nodes.iter().enumerate() {
+            doc += 1;
+            let mut new = node.clone();
+            let mut ctx = Ctx {
+                cfg,
+                doc,
+                notes: &mut out.notes,
+                wrapped: &mut wrapped,
+                containers_seen: &mut containers_seen,
+            };
+            ctx.document(&mut new)?;
+            changed |= new != *node;
+            if i > 0 {
+                emitted.push_str("---\n");
+            }
+            emitted.push_str(&yaml::emit(&new));
+        }
+        parts.push(if changed {
+            emitted
+        } else {
+            chunk.text.to_string()
+        });
+    }
+    if let Some(c) = &cfg.wrap
+        && wrapped == 0
+    {
+        containers_seen.dedup();
+        return Err(TransformError::WrapNotFound {
+            container: c.clone(),
+            found: if containers_seen.is_empty() {
+                "no containers".into()
+            } else {
+                containers_seen.join(", ")
+            },
+        });
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.yaml.push_str("---\n");
+        }
+        out.yaml.push_str(p);
+        if !p.ends_with('\n') {
+            out.yaml.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn parse(chunk: &Chunk<'_>, doc: usize) -> Result<Vec<Node>, TransformError> {
+    yaml::parse(chunk).map_err(|e| TransformError::Syntax {
+        doc,
+        line: e.line,
+        column: e.column,
+        message: e.message,
+    })
+}
+
+struct Ctx<'a> {
+    cfg: &'a InjectConfig,
+    doc: usize,
+    notes: &'a mut Vec<Note>,
+    wrapped: &'a mut usize,
+    containers_seen: &'a mut Vec<String>,
+}
+
+/// `batch/v1 Job "mnist-ps"`, for notes and errors.
+fn describe(node: &Node) -> String {
+    let av = node.get("apiVersion").and_then(Node::as_str).unwrap_or("?");
+    let kind = node.get("kind").and_then(Node::as_str).unwrap_or("?");
+    match node
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Node::as_str)
+    {
+        Some(n) => format!("{av} {kind} {n:?}"),
+        None => format!("{av} {kind}"),
+    }
+}
+
+/// The path from a resource to its pod template, by apiVersion and kind. Only the core
+/// workload kinds: a custom resource with the same kind name (say a Volcano `Job`) has
+/// another shape and passes through.
+fn template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
+    Some(match (api_version, kind) {
+        ("v1", "Pod") => &[],
+        ("batch/v1", "Job")
+        | ("apps/v1", "StatefulSet")
+        | ("apps/v1", "Deployment")
+        | ("apps/v1", "ReplicaSet") => &["spec", "template"],
+        ("batch/v1", "CronJob") => &["spec", "jobTemplate", "spec", "template"],
+        _ => return None,
+    })
+}
+
+impl Ctx<'_> {
+    fn note(&mut self, what: String, text: impl Into<String>) {
+        self.notes.push(Note {
+            doc: self.doc,
+            what,
+            text: text.into(),
+        });
+    }
+
+    fn shape(&self, what: &str, why: impl Into<String>) -> TransformError {
+        TransformError::Shape {
+            doc: self.doc,
+            what: what.to_string(),
+            why: why.into(),
+        }
+    }
+
+    fn document(&mut self, node: &mut Node) -> Result<(), TransformError> {
+        let what = describe(node);
+        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
+        let av = node
+            .get("apiVersion")
+            .and_then(Node::as_str)
+            .unwrap_or_default();
+        if kind == "List" || kind.ends_with("List") && node.get("items").is_some() {
+            let Some(Node::Seq(items)) = node.get_mut("items") else {
+                self.note(what, "no items; passed through unchanged");
+                return Ok(());
+            };
+            let mut n = 0;
+            for item in items.iter_mut() {
+                n += usize::from(self.resource(item)?);
+            }
+            if n == 0 {
+                self.note(
+                    what,
+                    "no pod template in its items; passed through unchanged",
+                );
+            }
+            return Ok(());
+        }
+        if template_path(av, kind).is_none() {
+            self.note(what, "no pod template; passed through unchanged");
+            return Ok(());
+        }
+        self.resource(node)?;
+        Ok(())
+    }
+
+    /// Injects one resource; false (with a note) when it has no pod template.
+    fn resource(&mut self, node: &mut Node) -> Result<bool, TransformError> {
+        let what = describe(node);
+        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
+        let av = node
+            .get("apiVersion")
+            .and_then(Node::as_str)
+            .unwrap_or_default();
+        let Some(path) = template_path(av, kind) else {
+            self.note(what, "no pod template; passed through unchanged");
+            return Ok(false);
+        };
+        let mut template = &mut *node;
+        for key in path {
+            match template.get_mut(key) {
+                Some(t @ Node::Map(_)) => template = t,
+                _ => {
+                    self.note(
+                        what,
+                        format!("has no {}; passed through unchanged", path.join(".")),
+                    );
+                    return Ok(false);
+                }
+            }
+        }
+        let before = template.clone();
+        self.pod_template(template, &what)?;
+        self.note(
+            what,
+            if *template == before {
+                "already injected; unchanged"
+            } else {
+                "injected"
+            },
+        );
+        Ok(true)
+    }
+
+    /// Adds trainlet to a pod template (or a Pod): metadata annotations, the volume, the
+    /// init container, the sidecar, the mounts, and --wrap.
+    fn pod_template(&mut self, t: &mut Node, what: &str) -> Result<(), TransformError> {
+        let cfg = self.cfg;
+        let annotations = t
+            .map_entry("metadata")
+            .and_then(|m| m.map_entry("annotations"))
+            .ok_or_else(|| self.shape(what, "metadata or its annotations is not a mapping"))?;
+        annotations.set("prometheus.io/scrape", Node::str("true"));
+        annotations.set("prometheus.io/port", Node::str(METRICS_PORT.to_string()));
+        annotations.set("prometheus.io/path", Node::str("/metrics"));
+
+        let Some(spec) = t.map_entry("spec") else {
+            return Err(self.shape(what, "spec is not a mapping"));
+        };
+        // New keys go before `containers`, where people expect them to be.
+        insert_before(
+            spec,
+            "serviceAccountName",
+            "containers",
+            Node::Scalar(plain("")),
+        );
+        insert_before(spec, "initContainers", "containers", Node::Seq(Vec::new()));
+        match spec
+            .get("serviceAccountName")
+            .and_then(Node::as_str)
+            .map(str::to_string)
+        {
+            None => spec.set("serviceAccountName", Node::str(&cfg.service_account)),
+            Some(sa) if sa == "default" => {
+                spec.set("serviceAccountName", Node::str(&cfg.service_account))
+            }
+            Some(sa) if sa == cfg.service_account => {}
+            Some(sa) => self.note(
+                what.to_string(),
+                format!(
+                    "keeps serviceAccountName {sa:?}: bind trainlet's Role to it (manifests/rbac.yaml binds {:?})",
+                    cfg.service_account
+                ),
+            ),
+        }
+        if spec
+            .get("automountServiceAccountToken")
+            .and_then(Node::as_str)
+            == Some("false")
+        {
+            self.note(
+                what.to_string(),
+                "sets automountServiceAccountToken: false, so trainlet cannot reach the API server; remove it",
+            );
+        }
+
+        let volumes = spec
+            .seq_entry("volumes")
+            .ok_or_else(|| self.shape(what, "spec.volumes is not a list"))?;
+        upsert_named(volumes, volume(), VOLUME, None);
+
+        // Regular containers: drop a classic sidecar from an earlier inject, mount the
+        // volume read-only into the others, and wrap the one named by --wrap.
+        let containers = spec
+            .seq_entry("containers")
+            .ok_or_else(|| self.shape(what, "spec.containers is not a list"))?;
+        containers.retain(|c| name_of(c) != Some(SIDECAR));
+        for c in containers.iter_mut() {
+            let name = name_of(c).unwrap_or_default().to_string();
+            self.containers_seen.push(name.clone());
+            if !matches!(c, Node::Map(_)) {
+                continue;
+            }
+            let mounts = c.seq_entry("volumeMounts").ok_or_else(|| {
+                self.shape(
+                    what,
+                    format!("volumeMounts of container {name:?} is not a list"),
+                )
+            })?;
+            upsert_named(mounts, mount(&cfg.output_dir, true), VOLUME, None);
+            if cfg.wrap.as_deref() == Some(name.as_str()) {
+                self.wrap(c, what, &name)?;
+                *self.wrapped += 1;
+            }
+        }
+        if cfg.classic_sidecar {
+            containers.push(sidecar(cfg));
+        }
+
+        let inits = spec
+            .seq_entry("initContainers")
+            .ok_or_else(|| self.shape(what, "spec.initContainers is not a list"))?;
+        inits.retain(|c| !matches!(name_of(c), Some(INIT_CONTAINER | SIDECAR)));
+        inits.insert(0, init_container(cfg));
+        if !cfg.classic_sidecar {
+            inits.insert(1, sidecar(cfg));
+        }
+        Ok(())
+    }
+
+    /// `command: [trainlet exec --report -- <command>]`, `args` unchanged, so the
+    /// container runs exactly what it ran before, under trainlet.
+    fn wrap(&mut self, c: &mut Node, what: &str, name: &str) -> Result<(), TransformError> {
+        let cfg = self.cfg;
+        let exe = format!("{}/trainlet", cfg.install_to);
+        let prefix = [exe.as_str(), "exec", "--report", "--"];
+        let command: Vec<String> = match c.get("command") {
+            None => Vec::new(),
+            Some(n) if n.is_null() => Vec::new(),
+            Some(Node::Seq(items)) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    self.shape(
+                        what,
+                        format!("command of container {name:?} is not a list of strings"),
+                    )
+                })?,
+            Some(_) => {
+                return Err(
+                    self.shape(what, format!("command of container {name:?} is not a list"))
+                );
+            }
+        };
+        if command.is_empty() {
+            return Err(TransformError::ImplicitEntrypoint {
+                doc: self.doc,
+                what: what.to_string(),
+                container: name.to_string(),
+            });
+        }
+        let already =
+            command.len() > prefix.len() && command.iter().zip(prefix).all(|(a, b)| a == b);
+        if !already {
+            let wrapped: Vec<Node> = prefix
+                .iter()
+                .map(|s| Node::str(*s))
+                .chain(command.iter().map(Node::str))
+                .collect();
+            c.set("command", Node::Seq(wrapped));
+        }
+        let env = c
+            .seq_entry("env")
+            .ok_or_else(|| self.shape(what, format!("env of container {name:?} is not a list")))?;
+        for e in downward_env() {
+            upsert_named(env, e.clone(), name_of(&e).unwrap_or_default(), None);
+        }
+        // The sidecar serves the pod's metrics on 9464; the in-process reporters of
+        // `exec --report` must not try to bind the same port in the same pod.
+        upsert_named(
+            env,
+            Node::map([
+                ("name", Node::str("TRAINLET_METRICS_ADDR")),
+                ("value", Node::str("off")),
+            ]),
+            "TRAINLET_METRICS_ADDR",
+            None,
+        );
+        Ok(())
+    }
+}
+
+/// Adds `key` (when absent) just before `before`, or at the end.
+fn insert_before(map: &mut Node, key: &str, before: &str, value: Node) {
+    let Node::Map(entries) = map else { return };
+    if entries.iter().any(|(k, _)| k.text == key) {
+        return;
+    }
+    let at = entries
+        .iter()
+        .position(|(k, _)| k.text == before)
+        .unwrap_or(entries.len());
+    entries.insert(at, (yaml::Scalar::string(key), value));
+}
+
+fn name_of(n: &Node) -> Option<&str> {
+    n.get("name").and_then(Node::as_str)
+}
+
+/// Replaces the item named `name` in place, or appends (or inserts at `at`).
+fn upsert_named(items: &mut Vec<Node>, item: Node, name: &str, at: Option<usize>) {
+    if let Some(existing) = items.iter_mut().find(|i| name_of(i) == Some(name)) {
+        *existing = item;
+    } else if let Some(i) = at {
+        items.insert(i.min(items.len()), item);
+    } else {
+        items.push(item);
+    }
+}
+
+fn volume() -> Node {
+    Node::map([
+        ("name", Node::str(VOLUME)),
+        // Holds TF_CONFIG files and the trainlet binary (about 15 MiB).
+        ("emptyDir", Node::map([("sizeLimit", Node::str("64Mi"))])),
+    ])
+}
+
+fn mount(path: &str, read_only: bool) -> Node {
+    let mut m = Node::map([("name", Node::str(VOLUME)), ("mountPath", Node::str(path))]);
+    if read_only {
+        m.set("readOnly", Node::Scalar(plain("true")));
+    }
+    m
+}
+
+fn plain(text: &str) -> yaml::Scalar {
+    yaml::Scalar {
+        text: text.to_string(),
+        plain: true,
+        tag: None,
+    }
+}
+
+/// POD_NAME, POD_NAMESPACE and POD_UID from the downward API: who "self" is.
+fn downward_env() -> Vec<Node> {
+    [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_UID", "metadata.uid"),
+    ]
+    .into_iter()
+    .map(|(name, path)| {
+        Node::map([
+            ("name", Node::str(name)),
+            (
+                "valueFrom",
+                Node::map([("fieldRef", Node::map([("fieldPath", Node::str(path))]))]),
+            ),
+        ])
+    })
+    .collect()
+}
+
+/// Pod Security `restricted`, and then some: no root, no writes outside the volume, no
+/// privilege escalation, no capabilities, the runtime's seccomp profile.
+fn security_context() -> Node {
+    Node::map([
+        ("allowPrivilegeEscalation", Node::Scalar(plain("false"))),
+        (
+            "capabilities",
+            Node::map([("drop", Node::seq([Node::str("ALL")]))]),
+        ),
+        ("readOnlyRootFilesystem", Node::Scalar(plain("true"))),
+        ("runAsNonRoot", Node::Scalar(plain("true"))),
+        ("runAsUser", Node::int(UID)),
+        ("runAsGroup", Node::int(UID)),
+        (
+            "seccompProfile",
+            Node::map([("type", Node::str("RuntimeDefault"))]),
+        ),
+    ])
+}
+
+/// Small: init waits on one watch, the sidecar polls /proc and NVML every few seconds.
+fn resources() -> Node {
+    Node::map([
+        (
+            "requests",
+            Node::map([("cpu", Node::str("10m")), ("memory", Node::str("32Mi"))]),
+        ),
+        (
+            "limits",
+            Node::map([("cpu", Node::str("250m")), ("memory", Node::str("128Mi"))]),
+        ),
+    ])
+}
+
+fn trainlet_container(cfg: &InjectConfig, name: &str, sub: &str, args: &[String]) -> Node {
+    let mut c = Node::map([
+        ("name", Node::str(name)),
+        ("image", Node::str(&cfg.image)),
+        ("command", Node::seq([Node::str(BINARY), Node::str(sub)])),
+    ]);
+    if !args.is_empty() {
+        c.set("args", Node::seq(args.iter().map(Node::str)));
+    }
+    c.set("env", Node::Seq(downward_env()));
+    c.set("resources", resources());
+    c.set("securityContext", security_context());
+    c.set(
+        "volumeMounts",
+        Node::seq([mount(&cfg.output_dir, sub != "init")]),
+    );
+    c
+}
+
+fn init_container(cfg: &InjectConfig) -> Node {
+    trainlet_container(cfg, INIT_CONTAINER, "init", &cfg.init_args)
+}
+
+fn sidecar(cfg: &InjectConfig) -> Node {
+    let mut args = cfg.sidecar_args.clone();
+    if cfg.classic_sidecar {
+        args.push("--exit-with-main".into());
+    }
+    let mut c = trainlet_container(cfg, SIDECAR, "sidecar", &args);
+    if !cfg.classic_sidecar {
+        // A native sidecar (Kubernetes 1.29+): an init container that keeps running
+        // beside the main containers and is stopped after them, so Jobs complete.
+        let Node::Map(entries) = &mut c else {
+            unreachable!()
+        };
+        entries.insert(
+            1,
+            (yaml::Scalar::string("restartPolicy"), Node::str("Always")),
+        );
+    }
+    c
+}
