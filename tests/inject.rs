@@ -1,0 +1,285 @@
+//! `trainlet inject` as users run it: the binary, stdin or -f, stdout, notes on stderr,
+//! exit codes; and its output accepted by the real API server.
+
+mod support;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use support::*;
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/inject").join(name)
+}
+
+/// Runs `trainlet inject ARGS` with `input` on stdin.
+fn inject_stdin(args: &[&str], input: &str) -> Run {
+    let mut cmd = trainlet();
+    cmd.arg("inject")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    Run::from_output(child.wait_with_output().unwrap())
+}
+
+const MIXED_ARGS: [&str; 4] = ["--job", "worker=app=trainer", "--wrap", "train"];
+
+#[test]
+fn reads_a_file_or_stdin_and_writes_the_golden_output() {
+    let golden = std::fs::read_to_string(fixture("mixed.injected.yaml")).unwrap();
+    let input = std::fs::read_to_string(fixture("mixed.yaml")).unwrap();
+
+    let from_file = run(trainlet()
+        .arg("inject")
+        .arg("-f")
+        .arg(fixture("mixed.yaml"))
+        .args(MIXED_ARGS));
+    assert_eq!(from_file.code, 0, "{}", from_file.stderr);
+    assert_eq!(from_file.stdout, golden);
+    let f = fixture("mixed.yaml").display().to_string();
+    assert_eq!(
+        from_file.stderr,
+        format!(
+            "trainlet: note: {f}: document 1 (v1 ConfigMap \"settings\"): no pod template; passed through unchanged\n\
+             trainlet: note: {f}: document 2 (apps/v1 Deployment \"trainer\"): injected\n\
+             trainlet: note: {f}: document 3 (v1 Service \"trainer\"): no pod template; passed through unchanged\n\
+             trainlet: note: {f}: document 4 (batch.volcano.sh/v1alpha1 Job \"not-a-batch-job\"): no pod template; passed through unchanged\n"
+        )
+    );
+
+    let from_stdin = inject_stdin(&MIXED_ARGS, &input);
+    assert_eq!(from_stdin.code, 0, "{}", from_stdin.stderr);
+    assert_eq!(from_stdin.stdout, golden);
+    assert!(
+        from_stdin
+            .stderr
+            .starts_with("trainlet: note: stdin: document 1 (v1 ConfigMap"),
+        "{}",
+        from_stdin.stderr
+    );
+    let mut dash = vec!["-f", "-"];
+    dash.extend(MIXED_ARGS);
+    assert_eq!(inject_stdin(&dash, &input).stdout, golden);
+}
+
+#[test]
+fn flags_from_env_vars_give_the_same_output() {
+    let golden = std::fs::read_to_string(fixture("mixed.injected.yaml")).unwrap();
+    let r = run(trainlet()
+        .arg("inject")
+        .env("TRAINLET_FILENAME", fixture("mixed.yaml"))
+        .env("TRAINLET_JOB", "worker=app=trainer")
+        .env("TRAINLET_WRAP", "train"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, golden);
+}
+
+#[test]
+fn injecting_its_own_output_again_changes_no_byte() {
+    for (file, extra) in [
+        ("mixed.yaml", &["--wrap", "train"][..]),
+        ("cronjob.yaml", &["--classic-sidecar"][..]),
+        (
+            "list.yaml",
+            &["--address", "dns", "--expect", "worker=1"][..],
+        ),
+        ("tf-ps-worker.orig.yaml", &["--port", "2222"][..]),
+    ] {
+        let mut args = vec!["--job", "worker=app=x"];
+        args.extend(extra);
+        let input = std::fs::read_to_string(fixture(file)).unwrap();
+        let once = inject_stdin(&args, &input);
+        assert_eq!(once.code, 0, "{file}: {}", once.stderr);
+        assert_ne!(once.stdout, input, "{file}");
+        let twice = inject_stdin(&args, &once.stdout);
+        assert_eq!(twice.code, 0, "{file}: {}", twice.stderr);
+        assert_eq!(twice.stdout, once.stdout, "{file}");
+        assert!(!twice.stderr.contains("): injected"), "{}", twice.stderr);
+    }
+}
+
+#[test]
+fn bad_yaml_exits_2_with_the_document_and_line() {
+    let r = run(trainlet()
+        .arg("inject")
+        .arg("-f")
+        .arg(fixture("bad.yaml"))
+        .args(["--job", "worker=app=x"]));
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stdout, "");
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "{}: invalid YAML in document 2 at line 12, column 3: invalid indentation in flow construct",
+            fixture("bad.yaml").display()
+        )
+    );
+}
+
+#[test]
+fn wrap_without_an_explicit_command_exits_2_and_says_why() {
+    let r = run(trainlet()
+        .arg("inject")
+        .arg("-f")
+        .arg(fixture("implicit-entrypoint.yaml"))
+        .args(["--job", "worker=app=x", "--wrap", "train"]));
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stdout, "");
+    assert!(
+        r.error_line().ends_with(
+            "cannot --wrap container \"train\" of batch/v1 Job \"implicit\" (document 1): it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again"
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_before_reading_input() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["-f", "/nonexistent/job.yaml", "--job", "w=a=b"],
+            "cannot read /nonexistent/job.yaml: No such file or directory (os error 2)",
+        ),
+        (
+            &["-f", "/nonexistent/job.yaml"],
+            "no jobs given: pass --job TYPE=SELECTOR (repeatable) or --job-to-label-mapping JSON",
+        ),
+        (
+            &["--job", "w=a=b", "--output-dir", "relative"],
+            "invalid --output-dir relative: the mount path of the shared volume must be an absolute path below /",
+        ),
+        (
+            &["--job", "w=a=b", "--wrap", "nope"],
+            "stdin: --wrap \"nope\": no pod template has a container of that name (found: train)",
+        ),
+    ];
+    let input = std::fs::read_to_string(fixture("cronjob.yaml")).unwrap();
+    for (args, want) in cases {
+        let r = inject_stdin(args, &input);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{args:?}");
+        assert_eq!(r.error_line(), want, "{args:?}");
+    }
+}
+
+#[test]
+fn help_documents_the_init_flags_and_the_env_vars() {
+    let r = run(trainlet().args(["inject", "--help"]));
+    assert_eq!(r.code, 0);
+    for flag in [
+        "--filename",
+        "--image",
+        "--wrap",
+        "--classic-sidecar",
+        "--service-account",
+        "--job",
+        "--expect",
+        "--address",
+        "--install-to",
+        "TRAINLET_WRAP",
+        concat!(
+            "[default: ghcr.io/trainlet/trainlet:",
+            env!("CARGO_PKG_VERSION"),
+            "]"
+        ),
+    ] {
+        assert!(
+            r.stdout.contains(flag),
+            "--help lacks {flag}:\n{}",
+            r.stdout
+        );
+    }
+}
+
+/// The API server accepts what inject writes for a Deployment, a CronJob and a List
+/// (native and classic sidecars): the shapes are valid Kubernetes, not just YAML.
+#[tokio::test]
+async fn the_api_server_accepts_injected_deployment_cronjob_and_list() {
+    let client = admin().await;
+    let ns = namespace(&client, "inject").await;
+    // The injected Pod in list.yaml runs as the ServiceAccount `trainlet`, which
+    // admission requires to exist.
+    apply_rbac(&ns);
+    for (file, extra) in [
+        ("deployment.yaml", &["--wrap", "train"][..]),
+        ("deployment.yaml", &["--classic-sidecar"][..]),
+        ("cronjob.yaml", &["--wrap", "train"][..]),
+        ("list.yaml", &[][..]),
+    ] {
+        let mut args = vec!["--job", "worker=app=x"];
+        args.extend(extra);
+        let input = std::fs::read_to_string(fixture(file)).unwrap();
+        let injected = inject_stdin(&args, &input);
+        assert_eq!(injected.code, 0, "{}", injected.stderr);
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args([
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &ns,
+                "-o",
+                "json",
+                "-f",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(without_custom_resources(&injected.stdout).as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{file} {extra:?}: {stderr}");
+        let applied: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if file == "deployment.yaml" {
+            // What the API server received: kubectl's YAML 1.1 meanings, unchanged by
+            // inject (octal 0644 is 420; the quoted "on" stays a string).
+            let spec = &applied["spec"]["template"]["spec"];
+            assert_eq!(spec["volumes"][0]["configMap"]["defaultMode"], 420);
+            assert_eq!(
+                spec["containers"][0]["env"][0],
+                serde_json::json!({"name": "FLAG", "value": "on"})
+            );
+            assert_eq!(spec["containers"][0]["env"][1]["value"], "1.0");
+            assert_eq!(spec["containers"][0]["env"][2]["value"], "0644");
+            let init: Vec<&str> = spec["initContainers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect();
+            let want: &[&str] = if extra == ["--classic-sidecar"] {
+                &["trainlet-init"]
+            } else {
+                &["trainlet-init", "trainlet"]
+            };
+            assert_eq!(init, want);
+        }
+    }
+}
+
+/// The stream without the fixture's Volcano Job, whose CRD this API server lacks.
+fn without_custom_resources(yaml: &str) -> String {
+    yaml.split("---\n")
+        .filter(|d| !d.contains("apiVersion: batch.volcano.sh/"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}

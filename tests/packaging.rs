@@ -1,0 +1,626 @@
+//! The packaging works as shipped, against the real API server:
+//! - every file under manifests/ and every `inject` output of the examples' originals
+//!   passes server-side validation and Pod Security `restricted`, without a warning;
+//! - `kubectl kustomize manifests/` renders the RBAC and `kubectl apply -k` installs it;
+//! - the RBAC is least privilege (`kubectl auth can-i --list`, Secrets, other namespaces);
+//! - the ps/worker example really resolves: the test plays the Job controller and the
+//!   kubelet, and runs each pod's `trainlet-init` container as written in the manifest,
+//!   under the ServiceAccount of rbac.yaml;
+//! - hadolint passes on docker/Dockerfile.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::*;
+
+/// What `kubectl` printed, and whether it succeeded; unlike `support::kubectl`, this
+/// keeps stderr, where kubectl prints warnings.
+struct Kubectl {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn kubectl_full(args: &[&str], stdin: Option<&str>) -> Kubectl {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl is installed");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Kubectl {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn manifests() -> PathBuf {
+    repo().join("manifests")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/inject").join(name)
+}
+
+/// The inject command line of each example, from its un-injected original.
+fn example_injections() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        (
+            "tf-ps-worker",
+            vec![
+                "--job",
+                "ps=batch.kubernetes.io/job-name=mnist-ps",
+                "--job",
+                "worker=batch.kubernetes.io/job-name=mnist-worker",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+        (
+            "tf-statefulset",
+            vec![
+                "--job",
+                "worker=app.kubernetes.io/name=mnist",
+                "--address",
+                "dns",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+        (
+            "classic-sidecar-job",
+            vec![
+                "--job",
+                "worker=batch.kubernetes.io/job-name=mnist",
+                "--classic-sidecar",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+    ]
+}
+
+/// A namespace where Pod Security `restricted` is enforced, warned about and audited.
+async fn restricted_namespace(prefix: &str) -> String {
+    let client = admin().await;
+    namespace_with_labels(
+        &client,
+        prefix,
+        &[
+            ("pod-security.kubernetes.io/enforce", "restricted"),
+            ("pod-security.kubernetes.io/enforce-version", "latest"),
+            ("pod-security.kubernetes.io/warn", "restricted"),
+            ("pod-security.kubernetes.io/warn-version", "latest"),
+            ("pod-security.kubernetes.io/audit", "restricted"),
+            ("pod-security.kubernetes.io/audit-version", "latest"),
+        ],
+    )
+    .await
+}
+
+/// Applies with --dry-run=server and fails on an error or on any warning.
+fn dry_run_clean(ns: &str, what: &str, args: &[&str], stdin: Option<&str>) {
+    let mut all = vec!["apply", "--dry-run=server", "-n", ns];
+    all.extend_from_slice(args);
+    let r = kubectl_full(&all, stdin);
+    assert!(
+        r.ok,
+        "{what}: kubectl apply --dry-run=server failed:\n{}",
+        r.stderr
+    );
+    let out = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        !out.to_lowercase().contains("warning"),
+        "{what}: kubectl printed a warning:\n{out}"
+    );
+    assert!(
+        r.stdout.contains("(server dry run)"),
+        "{what}: {}",
+        r.stdout
+    );
+}
+
+#[tokio::test]
+async fn every_manifest_and_every_injected_example_passes_restricted_without_warnings() {
+    let ns = restricted_namespace("psa-manifests").await;
+
+    // A check that can fail: a container without the restricted settings is warned
+    // about for a Job, so a clean result below means something.
+    let bad = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox, command: [\"true\"]}]\n";
+    let r = kubectl_full(
+        &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+        Some(bad),
+    );
+    assert!(
+        r.stderr
+            .contains("Warning: would violate PodSecurity \"restricted:latest\""),
+        "{}",
+        r.stderr
+    );
+
+    let mut files: Vec<PathBuf> = vec![manifests().join("rbac.yaml")];
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(manifests().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    examples.sort();
+    assert_eq!(
+        examples
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "classic-sidecar-job.yaml",
+            "tf-ps-worker.yaml",
+            "tf-statefulset.yaml"
+        ]
+    );
+    files.extend(examples);
+    for f in &files {
+        dry_run_clean(
+            &ns,
+            &f.display().to_string(),
+            &["-f", f.to_str().unwrap()],
+            None,
+        );
+    }
+    dry_run_clean(
+        &ns,
+        "manifests/ (kustomize)",
+        &["-k", manifests().to_str().unwrap()],
+        None,
+    );
+
+    for (name, args) in example_injections() {
+        let orig = fixture(&format!("{name}.orig.yaml"));
+        let r = run(trainlet().arg("inject").arg("-f").arg(&orig).args(&args));
+        assert_eq!(r.code, 0, "inject {name}: {}", r.stderr);
+        dry_run_clean(
+            &ns,
+            &format!("inject {name}"),
+            &["-f", "-"],
+            Some(&r.stdout),
+        );
+    }
+}
+
+#[tokio::test]
+async fn kustomize_renders_the_rbac_and_apply_k_installs_it() {
+    let rendered = kubectl(&["kustomize", manifests().to_str().unwrap()]);
+    let kinds: Vec<&str> = rendered
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "Role", "RoleBinding"],
+        "{rendered}"
+    );
+    assert!(!rendered.contains("namespace:"), "{rendered}");
+
+    let client = admin().await;
+    let ns = namespace(&client, "kustomize").await;
+    kubectl(&["apply", "-k", manifests().to_str().unwrap(), "-n", &ns]);
+    let got = kubectl(&[
+        "get",
+        "serviceaccount,role,rolebinding",
+        "-n",
+        &ns,
+        "-l",
+        "app.kubernetes.io/name=trainlet",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        got,
+        "serviceaccount/trainlet\nrole.rbac.authorization.k8s.io/trainlet\nrolebinding.rbac.authorization.k8s.io/trainlet\n"
+    );
+}
+
+/// `kubectl auth can-i --list` rows as (resource, non-resource URLs, verbs).
+fn can_i_list(ns: &str, user: &str) -> Vec<(String, String, String)> {
+    let out = kubectl(&["auth", "can-i", "--list", "--as", user, "-n", ns]);
+    let mut lines = out.lines();
+    let header = lines.next().expect("a header");
+    let col = |name: &str| header.find(name).unwrap_or_else(|| panic!("{header}"));
+    let (urls, names, verbs) = (
+        col("Non-Resource URLs"),
+        col("Resource Names"),
+        col("Verbs"),
+    );
+    lines
+        .map(|l| {
+            (
+                l[..urls].trim().to_string(),
+                l[urls..names].trim().to_string(),
+                l[verbs..].trim().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_service_account_has_exactly_the_role_rules_and_nothing_else() {
+    let client = admin().await;
+    let ns = namespace(&client, "least").await;
+    let other = namespace(&client, "least-other").await;
+    apply_rbac(&ns);
+    let user = format!("system:serviceaccount:{ns}:trainlet");
+
+    // What every authenticated user may do (self reviews and discovery): filtered out
+    // by name, so that anything else shows up below.
+    let everyone: BTreeSet<&str> = [
+        "selfsubjectreviews.authentication.k8s.io",
+        "selfsubjectaccessreviews.authorization.k8s.io",
+        "selfsubjectrulesreviews.authorization.k8s.io",
+    ]
+    .into();
+    let rows = can_i_list(&ns, &user);
+    for (res, urls, verbs) in &rows {
+        if res.is_empty() {
+            assert_eq!(
+                verbs, "[get]",
+                "a non-resource URL with more than get: {urls}"
+            );
+        }
+    }
+    let granted: BTreeSet<(String, String)> = rows
+        .into_iter()
+        .filter(|(res, _, _)| !res.is_empty() && !everyone.contains(res.as_str()))
+        .map(|(res, _, verbs)| (res, verbs))
+        .collect();
+    let want: BTreeSet<(String, String)> = [
+        ("pods", "[get list watch patch]"),
+        ("events.events.k8s.io", "[create patch]"),
+        ("jobs.batch", "[get]"),
+        ("statefulsets.apps", "[get]"),
+        ("replicasets.apps", "[get]"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(granted, want);
+
+    // Nothing in another namespace, and no Secrets anywhere.
+    let other_rows = can_i_list(&other, &user);
+    assert!(
+        other_rows
+            .iter()
+            .all(|(res, _, _)| res.is_empty() || everyone.contains(res.as_str())),
+        "{other_rows:?}"
+    );
+    for (verb, res, where_) in [
+        ("get", "secrets", ns.as_str()),
+        ("list", "secrets", ns.as_str()),
+        ("list", "pods", other.as_str()),
+        ("get", "pods", other.as_str()),
+        ("delete", "pods", ns.as_str()),
+        ("create", "pods", ns.as_str()),
+        ("update", "jobs.batch", ns.as_str()),
+    ] {
+        let r = kubectl_full(
+            &["auth", "can-i", verb, res, "--as", &user, "-n", where_],
+            None,
+        );
+        assert_eq!(r.stdout.trim(), "no", "{verb} {res} in {where_}");
+        assert!(!r.ok);
+    }
+
+    // And with a real token, the API server says 403.
+    let dir = tempfile::tempdir().unwrap();
+    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
+    let sa = client_from(&kc).await;
+    let err = Api::<Pod>::namespaced(sa.clone(), &other)
+        .list(&Default::default())
+        .await
+        .expect_err("pods in another namespace must be forbidden");
+    let kube::Error::Api(status) = err else {
+        panic!("not an API error: {err}")
+    };
+    assert_eq!(status.code, 403);
+    assert_eq!(
+        status.message,
+        format!(
+            "pods is forbidden: User \"{user}\" cannot list resource \"pods\" in API group \"\" in the namespace \"{other}\""
+        )
+    );
+    let err = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(sa, &ns)
+        .get("anything")
+        .await
+        .expect_err("secrets must be forbidden");
+    let kube::Error::Api(status) = err else {
+        panic!("not an API error: {err}")
+    };
+    assert_eq!(status.code, 403, "{}", status.message);
+}
+
+/// The command of one pod's `trainlet-init` container, as the kubelet would run it.
+///
+/// Substituted, and only this:
+/// - the program: `/usr/local/bin/trainlet` (the image's path) is the binary under test;
+/// - paths under the volume's mount path (`/etc/trainlet`, in args such as
+///   `--install-to=/etc/trainlet/bin`) point into a temp dir that plays the emptyDir,
+///   and TRAINLET_OUTPUT_DIR is that dir, because --output-dir defaults to the mount
+///   path, which does not exist on the test machine;
+/// - the downward API env gets the pod's real name, namespace and uid;
+/// - TRAINLET_KUBECONFIG is a kubeconfig with a token of the ServiceAccount the pod
+///   runs as, in place of the in-cluster service account files.
+fn init_command(pod: &Pod, volume_dir: &Path, kubeconfig: &Path) -> Command {
+    let spec = pod.spec.as_ref().unwrap();
+    let c: &Container = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "trainlet-init")
+        .expect("a trainlet-init container");
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "trainlet")
+        .expect("the trainlet volume is mounted")
+        .mount_path
+        .clone();
+    let map = |s: &str| s.replace(&mount, volume_dir.to_str().unwrap());
+    let argv: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .cloned()
+        .collect();
+    assert_eq!(argv[0], "/usr/local/bin/trainlet", "{argv:?}");
+    let mut cmd = trainlet();
+    cmd.args(argv[1..].iter().map(|a| map(a)));
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), None) => v.clone(),
+            (None, Some(from)) => {
+                let path = &from.field_ref.as_ref().expect("fieldRef").field_path;
+                match path.as_str() {
+                    "metadata.name" => pod.name_any(),
+                    "metadata.namespace" => pod.namespace().unwrap(),
+                    "metadata.uid" => pod.uid().unwrap(),
+                    other => panic!("unexpected downward API field {other}"),
+                }
+            }
+            _ => panic!("unexpected env {e:?}"),
+        };
+        cmd.env(&e.name, value);
+    }
+    cmd.env("TRAINLET_OUTPUT_DIR", volume_dir);
+    cmd.env("TRAINLET_KUBECONFIG", kubeconfig);
+    cmd
+}
+
+/// A pod of an Indexed Job, as the Job controller makes it from the template.
+fn job_pod(job: &Job, index: usize, suffix: &str) -> Pod {
+    let name = job.name_any();
+    let template = job.spec.as_ref().unwrap().template.clone();
+    let mut meta = template.metadata.unwrap_or_default();
+    let idx = index.to_string();
+    meta.name = Some(format!("{name}-{index}-{suffix}"));
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(
+        "batch.kubernetes.io/job-completion-index".into(),
+        idx.clone(),
+    );
+    labels.insert("batch.kubernetes.io/job-name".into(), name.clone());
+    labels.insert("job-name".into(), name.clone());
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert("batch.kubernetes.io/job-completion-index".into(), idx);
+    meta.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job", "name": name,
+            "uid": job.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
+        }))
+        .unwrap(),
+    ]);
+    let mut spec = template.spec.unwrap();
+    spec.hostname = Some(format!("{name}-{index}"));
+    Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[tokio::test]
+async fn the_ps_worker_example_really_resolves_tf_config() {
+    let client = admin().await;
+    let ns = restricted_namespace("example").await;
+    apply_rbac(&ns);
+    // The Jobs exist (for the expected counts: no --expect in the example), but no Job
+    // controller runs here, so the test creates their pods.
+    let example = manifests().join("examples/tf-ps-worker.yaml");
+    kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let kubelet = Kubelet::new(&client, &ns);
+
+    // Pod IPs deliberately out of index order, so order by index is what is checked.
+    let plan: [(&str, usize, &str); 5] = [
+        ("mnist-ps", 0, "10.8.0.12"),
+        ("mnist-ps", 1, "10.8.0.11"),
+        ("mnist-worker", 0, "10.8.0.23"),
+        ("mnist-worker", 1, "10.8.0.21"),
+        ("mnist-worker", 2, "10.8.0.22"),
+    ];
+    let mut created: Vec<(Pod, &str, usize, &str)> = Vec::new();
+    for (job, index, ip) in plan {
+        let job_obj = jobs.get(job).await.unwrap();
+        let suffix = format!("x{}", unique().chars().rev().take(4).collect::<String>());
+        let pod = pods
+            .create(&PostParams::default(), &job_pod(&job_obj, index, &suffix))
+            .await
+            .unwrap_or_else(|e| panic!("create pod of {job}/{index}: {e}"));
+        created.push((pod, job, index, ip));
+    }
+    // Scheduled, Pending with an IP, trainlet-init running: every pod of the job sits in
+    // its init container at the same time, as in a cluster.
+    for (pod, _, _, ip) in &created {
+        let name = pod.name_any();
+        kubelet.bind(&name, "node-a").await;
+        let now = now();
+        kubelet
+            .status(
+                &name,
+                json!({
+                    "phase": "Pending",
+                    "podIP": ip, "podIPs": [{"ip": ip}],
+                    "hostIP": "192.168.0.10", "hostIPs": [{"ip": "192.168.0.10"}],
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                        {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now}
+                    ],
+                    "initContainerStatuses": [
+                        {"name": "trainlet-init", "image": "ghcr.io/trainlet/trainlet:0.1.0", "imageID": "", "ready": false, "restartCount": 0, "started": true, "state": {"running": {"startedAt": now}}},
+                        {"name": "trainlet", "image": "ghcr.io/trainlet/trainlet:0.1.0", "imageID": "", "ready": false, "restartCount": 0, "started": false, "state": {"waiting": {"reason": "PodInitializing"}}}
+                    ],
+                    "containerStatuses": [
+                        {"name": "tensorflow", "image": "registry.example.com/mnist-train:1.0", "imageID": "", "ready": false, "restartCount": 0, "started": false, "state": {"waiting": {"reason": "PodInitializing"}}}
+                    ]
+                }),
+            )
+            .await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
+    let mut runs = Vec::new();
+    for (pod, job, index, _) in &created {
+        assert_eq!(
+            pod.spec.as_ref().unwrap().service_account_name.as_deref(),
+            Some("trainlet")
+        );
+        let volume = dir.path().join(pod.name_any());
+        std::fs::create_dir(&volume).unwrap();
+        let cmd = init_command(pod, &volume, &kc);
+        runs.push((pod.name_any(), *job, *index, volume.clone(), cmd));
+    }
+    // All at once, each retried on exit 6 only, as the kubelet restarts a failed init
+    // container: another test on this machine may hold port 8470 for a moment.
+    let handles: Vec<_> = runs
+        .into_iter()
+        .map(|(name, job, index, volume, cmd)| {
+            let h = tokio::task::spawn_blocking(move || {
+                let mut cmd = cmd;
+                let mut last = None;
+                for _ in 0..10 {
+                    let r = run(&mut cmd);
+                    if r.code != 6 {
+                        return r;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                    last = Some(r);
+                }
+                last.unwrap()
+            });
+            (name, job, index, volume, h)
+        })
+        .collect();
+
+    let cluster = r#"{"ps":["10.8.0.12:8470","10.8.0.11:8470"],"worker":["10.8.0.23:8470","10.8.0.21:8470","10.8.0.22:8470"]}"#;
+    for (name, job, index, volume, h) in handles {
+        let r = tokio::time::timeout(Duration::from_secs(120), h)
+            .await
+            .expect("init finishes")
+            .unwrap();
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        let task_type = job.strip_prefix("mnist-").unwrap();
+        let tf = std::fs::read_to_string(volume.join("tf_config.json")).unwrap();
+        assert_eq!(
+            tf,
+            format!(
+                "{{\"cluster\":{cluster},\"task\":{{\"type\":\"{task_type}\",\"index\":{index}}}}}\n"
+            ),
+            "{name}"
+        );
+        let env = std::fs::read_to_string(volume.join("trainlet.env")).unwrap();
+        let lines: Vec<&str> = env.lines().filter(|l| l.starts_with("export ")).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("export TF_CONFIG='{}'", tf.trim_end()),
+                format!("export TRAINLET_TASK_TYPE='{task_type}'"),
+                format!("export TRAINLET_TASK_INDEX={index}"),
+            ],
+            "{name}"
+        );
+        // --install-to copied the binary into the shared volume for `trainlet exec`.
+        use std::os::unix::fs::PermissionsExt;
+        let bin = std::fs::metadata(volume.join("bin/trainlet")).unwrap();
+        assert_eq!(bin.permissions().mode() & 0o777, 0o755);
+        let p = pods.get(&name).await.unwrap();
+        assert_eq!(
+            p.annotations().get("trainlet.io/task").map(String::as_str),
+            Some(format!("{task_type}/{index}").as_str()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    let dockerfile = repo().join("docker/Dockerfile");
+    let out = match Command::new("hadolint").arg(&dockerfile).output() {
+        Ok(out) => out,
+        Err(e) => {
+            skip_or_fail(&format!("hadolint is not installed ({e}); run .ci/deps"));
+            return;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "hadolint:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&dockerfile).unwrap();
+    for needle in [
+        "FROM gcr.io/distroless/cc-debian12:nonroot",
+        "USER 65532:65532",
+        "ENV NVIDIA_DRIVER_CAPABILITIES=utility",
+        "ENTRYPOINT [\"/usr/local/bin/trainlet\"]",
+        "org.opencontainers.image.source=",
+    ] {
+        assert!(text.contains(needle), "docker/Dockerfile lacks {needle}");
+    }
+    let instructions: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(
+        !instructions.contains("musl"),
+        "the binary must stay glibc-linked (NVML is loaded with dlopen)"
+    );
+}
