@@ -1,7 +1,10 @@
 //! Prometheus metrics and the admin HTTP server of the reporters.
 //!
 //! Routes:
-//! - `GET /metrics`: every metric, in the OpenMetrics text format (prometheus-client);
+//! - `GET /metrics`: every metric, in the OpenMetrics text format (prometheus-client)
+//!   to every client that accepts it, as Prometheus does; in the classic text format
+//!   (0.0.4) to the others, such as `curl` and `promtool check metrics`, which do not
+//!   parse OpenMetrics (client_golang negotiates the same way);
 //! - `GET /livez`: 200 while the process serves at all;
 //! - `GET /readyz`: 200 once the first report has been published, 503 before.
 //!
@@ -29,6 +32,8 @@ use crate::{Code, Failure};
 
 /// The OpenMetrics content type that Prometheus negotiates.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The classic Prometheus text format, for clients that do not ask for OpenMetrics.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -158,6 +163,54 @@ impl Metrics {
     }
 }
 
+/// Rewrites OpenMetrics text into the classic text format (0.0.4), for the metric
+/// types trainlet uses: a counter's family is named with its `_total` suffix, an info
+/// metric becomes a gauge named `<name>_info`, and `# UNIT` and `# EOF` go. Pure.
+pub fn to_classic_text(openmetrics: &str) -> String {
+    let mut types: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for l in openmetrics.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ")
+            && let Some((name, ty)) = rest.split_once(' ')
+        {
+            types.insert(name, ty);
+        }
+    }
+    let rename = |name: &str| -> String {
+        match types.get(name).copied() {
+            Some("counter") => format!("{name}_total"),
+            Some("info") => format!("{name}_info"),
+            _ => name.to_string(),
+        }
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for l in openmetrics.lines() {
+        if l == "# EOF" || l.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push_str(&format!("# HELP {} {help}\n", rename(name)));
+        } else if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+            let ty = if ty == "info" { "gauge" } else { ty };
+            out.push_str(&format!("# TYPE {} {ty}\n", rename(name)));
+        } else {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Whether a request's Accept header asks for OpenMetrics.
+fn wants_openmetrics<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"))
+}
+
 /// The readiness latch: it flips once, when the first report is published, and never
 /// back. A reporter that loses the API server later is still ready: it has reported,
 /// and it catches up on its own.
@@ -226,9 +279,13 @@ fn route<B>(req: &Request<B>, metrics: &Metrics, ready: &Readiness) -> Response<
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
     }
     match req.uri().path() {
-        "/metrics" => Response::builder()
+        "/metrics" if wants_openmetrics(req) => Response::builder()
             .header("content-type", CONTENT_TYPE)
             .body(Full::new(Bytes::from(metrics.encode())))
+            .expect("static response"),
+        "/metrics" => Response::builder()
+            .header("content-type", TEXT_CONTENT_TYPE)
+            .body(Full::new(Bytes::from(to_classic_text(&metrics.encode()))))
             .expect("static response"),
         "/livez" => text(StatusCode::OK, "ok\n"),
         "/readyz" if ready.is_ready() => text(StatusCode::OK, "ok\n"),
@@ -283,6 +340,28 @@ mod tests {
             );
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn classic_text_names_families_like_their_samples() {
+        let m = Metrics::new();
+        m.annotation_patches.inc();
+        let text = to_classic_text(&m.encode());
+        for line in [
+            "# HELP trainlet_annotation_patches_total Annotation patches sent to the API server.",
+            "# TYPE trainlet_annotation_patches_total counter",
+            "trainlet_annotation_patches_total 1",
+            "# TYPE trainlet_build_info gauge",
+            "# TYPE trainlet_gpus gauge",
+            "trainlet_gpus 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(!text.contains("# EOF"));
+        assert!(!text.contains("# TYPE trainlet_oom_kills counter"));
     }
 
     #[test]

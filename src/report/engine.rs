@@ -39,6 +39,8 @@ use crate::{Code, Failure};
 
 /// How often an OOM counter is read when no notifier could be set up.
 const OOM_POLL: Duration = Duration::from_millis(250);
+/// How long a process of CMD's tree stays a candidate victim after it was last seen.
+const RECENT: Duration = Duration::from_secs(5);
 /// How often exec mode refreshes its snapshot of CMD's process tree.
 const TREE_REFRESH: Duration = Duration::from_secs(1);
 /// Every API call gets at most this long: a server that accepts connections but
@@ -151,6 +153,8 @@ struct Watched {
     container_id: String,
     cgroup: Cgroup,
     last: oom::OomCounters,
+    /// When `last` was read.
+    checked_at: Instant,
     notifier: Option<tokio::task::JoinHandle<()>>,
     how: String,
 }
@@ -196,8 +200,13 @@ pub struct Engine {
     oom_tx: tokio::sync::mpsc::UnboundedSender<usize>,
     oom_rx: tokio::sync::mpsc::UnboundedReceiver<usize>,
     oom_recheck_until: Option<Instant>,
+    /// The latest snapshot of CMD's process tree.
     tree: BTreeMap<u32, ProcStat>,
     tree_at: Option<Instant>,
+    /// Every process of the tree seen in the last [`RECENT`], with when: the OOM
+    /// victim is among them even when a snapshot taken after the kill no longer
+    /// has it.
+    recent: BTreeMap<u32, oom::SeenProc>,
     errors: BTreeMap<String, String>,
     announced: Announced,
     published: BTreeMap<String, String>,
@@ -245,6 +254,7 @@ impl Engine {
             oom_recheck_until: None,
             tree: BTreeMap::new(),
             tree_at: None,
+            recent: BTreeMap::new(),
             errors: BTreeMap::new(),
             announced: Announced::default(),
             published: BTreeMap::new(),
@@ -591,7 +601,25 @@ impl Engine {
     fn refresh_tree(&mut self) {
         let all = oom::all_processes(&self.proc_root, self.page_size);
         self.tree = oom::descendants(&all, self.self_pid);
-        self.tree_at = Some(Instant::now());
+        let now = Instant::now();
+        self.tree_at = Some(now);
+        for (pid, seen) in self.recent.iter_mut() {
+            if seen.vanished.is_none() && !self.tree.contains_key(pid) {
+                seen.vanished = Some(now);
+            }
+        }
+        for (pid, p) in &self.tree {
+            self.recent.insert(
+                *pid,
+                oom::SeenProc {
+                    stat: p.clone(),
+                    seen: now,
+                    vanished: None,
+                },
+            );
+        }
+        self.recent
+            .retain(|_, p| now.duration_since(p.seen) <= RECENT);
     }
 
     // ----------------------------------------------------------------- OOM kills
@@ -640,6 +668,7 @@ impl Engine {
             container_id,
             cgroup,
             last,
+            checked_at: Instant::now(),
             notifier,
             how,
         });
@@ -725,7 +754,9 @@ impl Engine {
                 }
             };
             let last = self.watched[i].last;
+            let since = self.watched[i].checked_at;
             self.watched[i].last = now;
+            self.watched[i].checked_at = Instant::now();
             let kills = now.oom_kill.saturating_sub(last.oom_kill);
             let group = now.oom_group_kill > last.oom_group_kill;
             if kills == 0 {
@@ -736,7 +767,7 @@ impl Engine {
                 continue;
             }
             rose = true;
-            self.record_cgroup_kills(i, kills, group).await;
+            self.record_cgroup_kills(i, kills, group, since).await;
         }
         if rose {
             self.oom_recheck_until = None;
@@ -746,25 +777,32 @@ impl Engine {
         }
     }
 
-    async fn record_cgroup_kills(&mut self, i: usize, kills: u64, group: bool) {
+    async fn record_cgroup_kills(&mut self, i: usize, kills: u64, group: bool, since: Instant) {
         let container = self.watched[i].container.clone();
         let cg = self.watched[i].cgroup.clone();
         let victims = if self.cfg.mode == Mode::Exec {
             // The counter rises as the victim is sent SIGKILL; give it a moment to die.
+            let mut picked = Vec::new();
             let mut gone = BTreeSet::new();
-            for _ in 0..20 {
+            for attempt in 0..20 {
                 gone = self
-                    .tree
+                    .recent
                     .keys()
                     .copied()
                     .filter(|pid| oom::is_gone(&self.proc_root, *pid, self.page_size))
                     .collect();
-                if !gone.is_empty() {
+                // The first choice gets 250 ms to die before the second counts.
+                picked =
+                    oom::pick_victims(&self.recent, &gone, since, kills as usize, attempt >= 5);
+                if picked.len() >= kills as usize {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            oom::victims(&self.tree, &gone, kills as usize)
+            // Whatever vanished is accounted for now, victim or not.
+            self.recent
+                .retain(|pid, p| !gone.contains(pid) && p.vanished.is_none());
+            picked
         } else {
             Vec::new()
         };

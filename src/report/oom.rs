@@ -330,6 +330,45 @@ pub fn victims(before: &BTreeMap<u32, ProcStat>, gone: &BTreeSet<u32>, n: usize)
     v
 }
 
+/// A process of CMD's tree as last seen, and when it vanished from a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenProc {
+    pub stat: ProcStat,
+    pub seen: std::time::Instant,
+    pub vanished: Option<std::time::Instant>,
+}
+
+/// Picks the victims of `n` OOM kills among recently seen processes. First choice:
+/// processes that were alive in the latest snapshot and are gone (or zombies) now;
+/// second: those that vanished from a snapshot since the counter was last read (a
+/// snapshot taken on the OOM notification may already miss the victim), only with
+/// `second_choice`, as the caller gives the first choice a moment to die. A process
+/// that exited before that is not a victim. Largest RSS first within each group.
+pub fn pick_victims(
+    recent: &BTreeMap<u32, SeenProc>,
+    gone_now: &BTreeSet<u32>,
+    since: std::time::Instant,
+    n: usize,
+    second_choice: bool,
+) -> Vec<ProcStat> {
+    let alive_then: BTreeMap<u32, ProcStat> = recent
+        .iter()
+        .filter(|(_, p)| p.vanished.is_none())
+        .map(|(pid, p)| (*pid, p.stat.clone()))
+        .collect();
+    let mut out = victims(&alive_then, gone_now, n);
+    if out.len() < n && second_choice {
+        let vanished: BTreeMap<u32, ProcStat> = recent
+            .iter()
+            .filter(|(_, p)| p.vanished.is_some_and(|v| v >= since))
+            .map(|(pid, p)| (*pid, p.stat.clone()))
+            .collect();
+        let all: BTreeSet<u32> = vanished.keys().copied().collect();
+        out.extend(victims(&vanished, &all, n - out.len()));
+    }
+    out
+}
+
 /// A byte count as a Kubernetes quantity, as people write limits: `2Gi`, `1536Mi`,
 /// `64Ki`, or plain bytes when nothing divides.
 pub fn quantity(bytes: u64) -> String {
@@ -437,21 +476,27 @@ pub fn status_ooms(pod: &Pod) -> Vec<StatusOom> {
     };
     let mut out = Vec::new();
     for cs in status.container_statuses.iter().flatten() {
+        // Each termination is keyed by the restart it leads to: a container's
+        // terminated `state` (restartCount n) becomes its `lastState` once restarted
+        // (restartCount n+1). Counting once per restart this way also ignores the
+        // kubelet rewriting the same status.
         let terms = [
-            cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
-            cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
+            (
+                cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
+                cs.restart_count + 1,
+            ),
+            (
+                cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
+                cs.restart_count,
+            ),
         ];
-        for t in terms.into_iter().flatten() {
+        for (t, restart) in terms {
+            let Some(t) = t else { continue };
             if t.reason.as_deref() != Some("OOMKilled") {
                 continue;
             }
             let finished = t.finished_at.as_ref().map(|f| f.0);
-            let key = format!(
-                "{}|{}|{}",
-                cs.name,
-                t.container_id.as_deref().unwrap_or(""),
-                finished.map(|f| f.to_string()).unwrap_or_default()
-            );
+            let key = format!("{}|{restart}", cs.name);
             if out.iter().any(|o: &StatusOom| o.key == key) {
                 continue;
             }
@@ -933,6 +978,37 @@ mod tests {
     }
 
     #[test]
+    fn a_process_that_exited_before_the_oom_is_not_its_victim() {
+        let t0 = std::time::Instant::now();
+        let s = |x: u64| t0 + Duration::from_millis(x);
+        let seen = |p: ProcStat, vanished: Option<std::time::Instant>| SeenProc {
+            stat: p,
+            seen: t0,
+            vanished,
+        };
+        let mut recent = BTreeMap::from([
+            // `sleep 1` exited normally and vanished from the snapshot at 1000 ms.
+            (20, seen(ps(20, 10, "sleep", 900 << 10), Some(s(1000)))),
+            // The hog was alive in the latest snapshot, with less RSS than it has now.
+            (21, seen(ps(21, 10, "memhog", 800 << 10), None)),
+            (10, seen(ps(10, 1, "sh", 700 << 10), None)),
+        ]);
+        // The counter was last read at 1000 ms; both are gone now.
+        let gone = BTreeSet::from([20, 21]);
+        let v = pick_victims(&recent, &gone, s(1000), 1, true);
+        assert_eq!(v[0].comm, "memhog");
+        // The hog is still dying: no first choice yet, and the sleep is no answer.
+        let only_sleep = BTreeSet::from([20]);
+        assert!(pick_victims(&recent, &only_sleep, s(1000), 1, false).is_empty());
+        // The notification's snapshot already missed the hog (reaped at once): it
+        // vanished after the last read, the sleep before it.
+        recent.get_mut(&21).unwrap().vanished = Some(s(1500));
+        let v = pick_victims(&recent, &BTreeSet::new(), s(1200), 1, true);
+        assert_eq!(v[0].comm, "memhog");
+        assert!(pick_victims(&recent, &BTreeSet::new(), s(2000), 1, true).is_empty());
+    }
+
+    #[test]
     fn quantities_and_limits() {
         assert_eq!(quantity(2 << 30), "2Gi");
         assert_eq!(quantity(1536 << 20), "1536Mi");
@@ -1010,6 +1086,16 @@ mod tests {
         assert_eq!(new[0].container, "trainer");
         assert_eq!(new[0].restart_count, Some(0));
         for s in status_ooms(&p2) {
+            assert_eq!(ledger.record_status(&s, None), None);
+        }
+        assert_eq!(ledger.total, 1);
+        // The kubelet rewriting the status with another finishedAt: the same restart.
+        let rewritten =
+            serde_json::json!({"exitCode": 137, "reason": "OOMKilled", "finishedAt": at(2)});
+        let p2b = pod_with(
+            serde_json::json!({"containerStatuses": [{"name": "trainer", "image": "i", "imageID": "", "ready": true, "restartCount": 1, "state": {"running": {}}, "lastState": {"terminated": rewritten}}]}),
+        );
+        for s in status_ooms(&p2b) {
             assert_eq!(ledger.record_status(&s, None), None);
         }
         assert_eq!(ledger.total, 1);

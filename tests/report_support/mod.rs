@@ -105,13 +105,22 @@ pub async fn wait_warning(client: &Client, ns: &str, reason: &str) -> String {
     .await
 }
 
-/// A plain HTTP/1.1 GET on loopback: (status, content-type, body).
+/// A plain HTTP/1.0 GET on loopback (1.0: no chunked answers to decode):
+/// (status, content-type, body).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String, String)> {
+    http_get_accept(addr, path, "*/*")
+}
+
+pub fn http_get_accept(
+    addr: &str,
+    path: &str,
+    accept: &str,
+) -> std::io::Result<(u16, String, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n"
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;

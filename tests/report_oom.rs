@@ -1,0 +1,248 @@
+//! OOM kills, for real: the kernel's OOM killer in a memory cgroup of the test's own
+//! kills a *child* of CMD under `trainlet exec --report` while CMD survives; and the
+//! kubelet player's `OOMKilled` pod status under `trainlet sidecar`, scraped by a real
+//! Prometheus server. Everything runs as the trainlet ServiceAccount.
+
+mod report_support;
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use report_support::*;
+use support::*;
+
+/// CMD starts the memory hog in the background after a second, waits for it, and
+/// exits 3: the hog dies by the OOM killer, CMD does not.
+#[tokio::test]
+async fn exec_reports_a_child_that_the_kernel_oom_killed() {
+    let limit: u64 = 96 << 20;
+    let Some(cg) = MemCgroup::new(limit) else {
+        return;
+    };
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "oom", dir.path()).await;
+    pod("train-0").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    write_tf_config(dir.path(), free_port());
+    let pidfile = dir.path().join("memhog.pid");
+    let script = format!(
+        "sleep 1; {} 10 & echo $! > {}; wait $!; echo memhog-status=$? >&2; sleep 2; exit 3",
+        memhog().display(),
+        pidfile.display()
+    );
+    let cmd = exec_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        dir.path(),
+        &["--", "/bin/sh", "-c", &script],
+    );
+    let mut r = Reporter::start(cg.wrap(&cmd));
+
+    let note = wait_warning(&client, &ns, "OOMKill").await;
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert_eq!(
+        note,
+        format!(
+            "process memhog (pid {}) in container trainer was OOM-killed; memory limit 96Mi",
+            pid.trim()
+        )
+    );
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/oom-kills", "1").await;
+    let a = annotations(&client, &ns, "train-0").await;
+    assert_eq!(a["trainlet.io/health"], "degraded");
+    let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
+    assert_eq!(report["mode"], "exec");
+    let kill = &report["oom"]["recent"][0];
+    assert_eq!(kill["source"], "cgroup");
+    assert_eq!(kill["container"], "trainer");
+    assert_eq!(kill["process"]["comm"], "memhog");
+    assert_eq!(kill["process"]["pid"].to_string(), pid.trim());
+    assert_eq!(kill["memory_limit"], "96Mi");
+    assert!(kill["memory_peak"].as_u64().unwrap() > (64 << 20), "{kill}");
+    let source = report["oom"]["sources"][0].as_str().unwrap();
+    assert_eq!(
+        source,
+        format!("cgroup v1 {} (eventfd)", cg.path.display()),
+        "the v1 eventfd notifier is used where cgroup.event_control is writable"
+    );
+    let text = r.metrics().await;
+    assert_eq!(
+        metric(&text, "trainlet_oom_kills_total{container=\"trainer\"}"),
+        Some(1.0)
+    );
+
+    // CMD survived the kill of its child, and its exit code is trainlet's.
+    let (code, _) = r.wait(Duration::from_secs(30));
+    assert_eq!(code, 3, "{}", r.stderr());
+    assert!(r.stderr().contains("memhog-status=137"), "{}", r.stderr());
+    assert_eq!(cg.oom_kills(), 1, "the kernel counted exactly one kill");
+    assert_eq!(
+        warnings(&client, &ns).await,
+        vec![("OOMKill".to_string(), note)],
+        "one kill, one Event"
+    );
+}
+
+/// The kubelet reports a container OOMKilled and restarted: counted once, in sidecar
+/// mode; a real Prometheus scrapes the counter; promtool accepts /metrics.
+#[tokio::test]
+async fn sidecar_counts_an_oomkilled_restart_and_prometheus_sees_it() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "oomst", dir.path()).await;
+    pod("train-0").create(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.run("train-0", "10.1.0.5").await;
+    let mut r = Reporter::start(sidecar_cmd(&kc, &ns, "train-0", &[]));
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
+    assert_eq!(
+        annotations(&client, &ns, "train-0").await["trainlet.io/oom-kills"],
+        "0"
+    );
+
+    let prom = Prometheus::start(&r.metrics_addr, dir.path());
+    kubelet.oom_killed("train-0", "trainer", 1).await;
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/oom-kills", "1").await;
+    let note = wait_warning(&client, &ns, "OOMKill").await;
+    assert_eq!(
+        note,
+        "container trainer was OOM-killed (exit code 137) and restarted (restart 1)"
+    );
+    // The kubelet writing the status again (a new finishedAt, the same restart) is
+    // the same kill.
+    kubelet.oom_killed("train-0", "trainer", 1).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        annotations(&client, &ns, "train-0").await["trainlet.io/oom-kills"],
+        "1"
+    );
+
+    if prom.child.is_some() {
+        // Prometheus scrapes every second; asking more often than that gains nothing.
+        let start = std::time::Instant::now();
+        let series = loop {
+            let v = prom.query("trainlet_oom_kills_total");
+            if let Some(first) = v.as_ref().and_then(|v| v["data"]["result"].get(0))
+                && first["value"][1] == "1"
+            {
+                break first.clone();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "Prometheus never saw trainlet_oom_kills_total 1: {v:?}; targets: {:?}",
+                http_get(&prom.addr, "/api/v1/targets")
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert_eq!(series["metric"]["container"], "trainer");
+        assert_eq!(series["metric"]["job"], "trainlet");
+    }
+
+    // Prometheus asked for OpenMetrics; promtool, like curl, gets the classic format.
+    let (status, ctype, om) =
+        http_get_accept(&r.metrics_addr, "/metrics", "application/openmetrics-text").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        ctype,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    let (_, ctype, classic) = http_get(&r.metrics_addr, "/metrics").unwrap();
+    assert_eq!(ctype, "text/plain; version=0.0.4; charset=utf-8");
+    assert_eq!(
+        metric(&classic, "trainlet_oom_kills_total{container=\"trainer\"}"),
+        Some(1.0)
+    );
+    promtool_check(&classic);
+    assert_eq!(r.terminate().0, 0);
+}
+
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        skip_or_fail("promtool is not installed (make deps installs Debian's prometheus)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "promtool has lint complaints"
+    );
+}
+
+/// A Prometheus server on loopback scraping one target every second.
+struct Prometheus {
+    child: Option<std::process::Child>,
+    addr: String,
+}
+
+impl Prometheus {
+    fn start(target: &str, dir: &std::path::Path) -> Prometheus {
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: trainlet\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+            .spawn();
+        let child = match child {
+            Ok(c) => Some(c),
+            Err(e) => {
+                skip_or_fail(&format!(
+                    "cannot run prometheus: {e} (make deps installs Debian's prometheus)"
+                ));
+                None
+            }
+        };
+        Prometheus { child, addr }
+    }
+
+    fn query(&self, q: &str) -> Option<serde_json::Value> {
+        self.child.as_ref()?;
+        let (status, _, body) = http_get(&self.addr, &format!("/api/v1/query?query={q}")).ok()?;
+        (status == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
