@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use support::*;
 
 /// What `kubectl` printed, and whether it succeeded; unlike `support::kubectl`, this
@@ -453,6 +454,146 @@ fn job_pod(job: &Job, index: usize, suffix: &str) -> Pod {
     }
 }
 
+/// Plays the scheduler and kubelet up to the moment `trainlet-init` runs: bound,
+/// Pending with a pod IP, the init container running and the rest waiting. Every pod of
+/// a job sits there at the same time in a cluster, waiting for the others.
+async fn pending_in_init(kubelet: &Kubelet, pod: &Pod, ip: &str) {
+    let name = pod.name_any();
+    kubelet.bind(&name, "node-a").await;
+    let now = now();
+    let spec = pod.spec.as_ref().unwrap();
+    let image = |c: &Container| c.image.clone().unwrap_or_default();
+    let init_statuses: Vec<Value> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| {
+            let state = if c.name == "trainlet-init" {
+                json!({"running": {"startedAt": now}})
+            } else {
+                json!({"waiting": {"reason": "PodInitializing"}})
+            };
+            json!({"name": c.name, "image": image(c), "imageID": "", "ready": false,
+                   "restartCount": 0, "started": c.name == "trainlet-init", "state": state})
+        })
+        .collect();
+    let statuses: Vec<Value> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "image": image(c), "imageID": "", "ready": false,
+                   "restartCount": 0, "started": false,
+                   "state": {"waiting": {"reason": "PodInitializing"}}})
+        })
+        .collect();
+    kubelet
+        .status(
+            &name,
+            json!({
+                "phase": "Pending",
+                "podIP": ip, "podIPs": [{"ip": ip}],
+                "hostIP": "192.168.0.10", "hostIPs": [{"ip": "192.168.0.10"}],
+                "startTime": now,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                    {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now}
+                ],
+                "initContainerStatuses": init_statuses,
+                "containerStatuses": statuses
+            }),
+        )
+        .await;
+}
+
+/// Runs the `trainlet-init` container of every pod at once, each in its own volume dir,
+/// as the ServiceAccount `trainlet`, and returns (pod name, run, volume dir). A run that
+/// exits 6 is retried, as the kubelet restarts a failed init container: all these
+/// processes share this machine's network namespace, where another test may hold port
+/// 8470 for a moment.
+async fn run_init_containers(
+    client: &kube::Client,
+    ns: &str,
+    pods: &[Pod],
+    dir: &Path,
+) -> Vec<(String, Run, PathBuf)> {
+    let kc = sa_kubeconfig(client, ns, "trainlet", dir).await;
+    let mut handles = Vec::new();
+    for pod in pods {
+        assert_eq!(
+            pod.spec.as_ref().unwrap().service_account_name.as_deref(),
+            Some("trainlet")
+        );
+        let volume = dir.join(pod.name_any());
+        std::fs::create_dir(&volume).unwrap();
+        let mut cmd = init_command(pod, &volume, &kc);
+        let h = tokio::task::spawn_blocking(move || {
+            let mut last = None;
+            for _ in 0..10 {
+                let r = run(&mut cmd);
+                if r.code != 6 {
+                    return r;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                last = Some(r);
+            }
+            last.unwrap()
+        });
+        handles.push((pod.name_any(), h, volume));
+    }
+    let mut out = Vec::new();
+    for (name, h, volume) in handles {
+        let r = tokio::time::timeout(Duration::from_secs(120), h)
+            .await
+            .unwrap_or_else(|_| panic!("trainlet-init of {name} did not finish in 120s"))
+            .unwrap();
+        out.push((name, r, volume));
+    }
+    out
+}
+
+/// Checks one pod's results: exit 0, the exact TF_CONFIG, trainlet.env, the installed
+/// binary, and the task annotation on the pod.
+async fn check_outputs(
+    pods: &Api<Pod>,
+    name: &str,
+    r: &Run,
+    volume: &Path,
+    cluster: &str,
+    task: (&str, usize),
+) {
+    let (task_type, index) = task;
+    assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+    let tf = std::fs::read_to_string(volume.join("tf_config.json")).unwrap();
+    assert_eq!(
+        tf,
+        format!(
+            "{{\"cluster\":{cluster},\"task\":{{\"type\":\"{task_type}\",\"index\":{index}}}}}\n"
+        ),
+        "{name}"
+    );
+    let env = std::fs::read_to_string(volume.join("trainlet.env")).unwrap();
+    let lines: Vec<&str> = env.lines().filter(|l| l.starts_with("export ")).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("export TF_CONFIG='{}'", tf.trim_end()),
+            format!("export TRAINLET_TASK_TYPE='{task_type}'"),
+            format!("export TRAINLET_TASK_INDEX={index}"),
+        ],
+        "{name}"
+    );
+    // --install-to copied the binary into the shared volume for `trainlet exec`.
+    use std::os::unix::fs::PermissionsExt;
+    let bin = std::fs::metadata(volume.join("bin/trainlet")).unwrap();
+    assert_eq!(bin.permissions().mode() & 0o777, 0o755);
+    let p = pods.get(name).await.unwrap();
+    assert_eq!(
+        p.annotations().get("trainlet.io/task").map(String::as_str),
+        Some(format!("{task_type}/{index}").as_str()),
+        "{name}"
+    );
+}
+
 #[tokio::test]
 async fn the_ps_worker_example_really_resolves_tf_config() {
     let client = admin().await;
@@ -474,7 +615,7 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
         ("mnist-worker", 1, "10.8.0.21"),
         ("mnist-worker", 2, "10.8.0.22"),
     ];
-    let mut created: Vec<(Pod, &str, usize, &str)> = Vec::new();
+    let mut created = Vec::new();
     for (job, index, ip) in plan {
         let job_obj = jobs.get(job).await.unwrap();
         let suffix = format!("x{}", unique().chars().rev().take(4).collect::<String>());
@@ -482,110 +623,80 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
             .create(&PostParams::default(), &job_pod(&job_obj, index, &suffix))
             .await
             .unwrap_or_else(|e| panic!("create pod of {job}/{index}: {e}"));
-        created.push((pod, job, index, ip));
-    }
-    // Scheduled, Pending with an IP, trainlet-init running: every pod of the job sits in
-    // its init container at the same time, as in a cluster.
-    for (pod, _, _, ip) in &created {
-        let name = pod.name_any();
-        kubelet.bind(&name, "node-a").await;
-        let now = now();
-        kubelet
-            .status(
-                &name,
-                json!({
-                    "phase": "Pending",
-                    "podIP": ip, "podIPs": [{"ip": ip}],
-                    "hostIP": "192.168.0.10", "hostIPs": [{"ip": "192.168.0.10"}],
-                    "startTime": now,
-                    "conditions": [
-                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                        {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now}
-                    ],
-                    "initContainerStatuses": [
-                        {"name": "trainlet-init", "image": "ghcr.io/trainlet/trainlet:0.1.0", "imageID": "", "ready": false, "restartCount": 0, "started": true, "state": {"running": {"startedAt": now}}},
-                        {"name": "trainlet", "image": "ghcr.io/trainlet/trainlet:0.1.0", "imageID": "", "ready": false, "restartCount": 0, "started": false, "state": {"waiting": {"reason": "PodInitializing"}}}
-                    ],
-                    "containerStatuses": [
-                        {"name": "tensorflow", "image": "registry.example.com/mnist-train:1.0", "imageID": "", "ready": false, "restartCount": 0, "started": false, "state": {"waiting": {"reason": "PodInitializing"}}}
-                    ]
-                }),
-            )
-            .await;
+        pending_in_init(&kubelet, &pod, ip).await;
+        created.push(pod);
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
-    let mut runs = Vec::new();
-    for (pod, job, index, _) in &created {
-        assert_eq!(
-            pod.spec.as_ref().unwrap().service_account_name.as_deref(),
-            Some("trainlet")
-        );
-        let volume = dir.path().join(pod.name_any());
-        std::fs::create_dir(&volume).unwrap();
-        let cmd = init_command(pod, &volume, &kc);
-        runs.push((pod.name_any(), *job, *index, volume.clone(), cmd));
-    }
-    // All at once, each retried on exit 6 only, as the kubelet restarts a failed init
-    // container: another test on this machine may hold port 8470 for a moment.
-    let handles: Vec<_> = runs
-        .into_iter()
-        .map(|(name, job, index, volume, cmd)| {
-            let h = tokio::task::spawn_blocking(move || {
-                let mut cmd = cmd;
-                let mut last = None;
-                for _ in 0..10 {
-                    let r = run(&mut cmd);
-                    if r.code != 6 {
-                        return r;
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                    last = Some(r);
-                }
-                last.unwrap()
-            });
-            (name, job, index, volume, h)
-        })
-        .collect();
-
+    let results = run_init_containers(&client, &ns, &created, dir.path()).await;
     let cluster = r#"{"ps":["10.8.0.12:8470","10.8.0.11:8470"],"worker":["10.8.0.23:8470","10.8.0.21:8470","10.8.0.22:8470"]}"#;
-    for (name, job, index, volume, h) in handles {
-        let r = tokio::time::timeout(Duration::from_secs(120), h)
-            .await
-            .expect("init finishes")
-            .unwrap();
-        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+    for ((name, r, volume), (job, index, _)) in results.iter().zip(plan) {
         let task_type = job.strip_prefix("mnist-").unwrap();
-        let tf = std::fs::read_to_string(volume.join("tf_config.json")).unwrap();
-        assert_eq!(
-            tf,
-            format!(
-                "{{\"cluster\":{cluster},\"task\":{{\"type\":\"{task_type}\",\"index\":{index}}}}}\n"
-            ),
-            "{name}"
-        );
-        let env = std::fs::read_to_string(volume.join("trainlet.env")).unwrap();
-        let lines: Vec<&str> = env.lines().filter(|l| l.starts_with("export ")).collect();
-        assert_eq!(
-            lines,
-            [
-                format!("export TF_CONFIG='{}'", tf.trim_end()),
-                format!("export TRAINLET_TASK_TYPE='{task_type}'"),
-                format!("export TRAINLET_TASK_INDEX={index}"),
-            ],
-            "{name}"
-        );
-        // --install-to copied the binary into the shared volume for `trainlet exec`.
-        use std::os::unix::fs::PermissionsExt;
-        let bin = std::fs::metadata(volume.join("bin/trainlet")).unwrap();
-        assert_eq!(bin.permissions().mode() & 0o777, 0o755);
-        let p = pods.get(&name).await.unwrap();
-        assert_eq!(
-            p.annotations().get("trainlet.io/task").map(String::as_str),
-            Some(format!("{task_type}/{index}").as_str()),
-            "{name}"
-        );
+        check_outputs(&pods, name, r, volume, cluster, (task_type, index)).await;
+    }
+}
+
+/// A pod of a StatefulSet, as its controller makes it: name `<set>-<i>`, the pod-index
+/// label, and hostname/subdomain for the headless Service's DNS names.
+fn stateful_pod(set: &StatefulSet, index: usize) -> Pod {
+    let name = set.name_any();
+    let spec = set.spec.as_ref().unwrap();
+    let template = spec.template.clone();
+    let mut meta = template.metadata.unwrap_or_default();
+    let pod_name = format!("{name}-{index}");
+    meta.name = Some(pod_name.clone());
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert("apps.kubernetes.io/pod-index".into(), index.to_string());
+    labels.insert(
+        "statefulset.kubernetes.io/pod-name".into(),
+        pod_name.clone(),
+    );
+    meta.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+            "uid": set.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
+        }))
+        .unwrap(),
+    ]);
+    let mut pod_spec = template.spec.unwrap();
+    pod_spec.hostname = Some(pod_name);
+    pod_spec.subdomain = spec.service_name.clone();
+    Pod {
+        metadata: meta,
+        spec: Some(pod_spec),
+        status: None,
+    }
+}
+
+#[tokio::test]
+async fn the_statefulset_example_really_resolves_dns_addresses() {
+    let client = admin().await;
+    let ns = restricted_namespace("example-sts").await;
+    apply_rbac(&ns);
+    let example = manifests().join("examples/tf-statefulset.yaml");
+    kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let kubelet = Kubelet::new(&client, &ns);
+    let set = sets.get("mnist").await.unwrap();
+    // Created in reverse and with IPs in reverse: neither may leak into the order.
+    let mut created = Vec::new();
+    for index in (0..3).rev() {
+        let pod = pods
+            .create(&PostParams::default(), &stateful_pod(&set, index))
+            .await
+            .unwrap();
+        pending_in_init(&kubelet, &pod, &format!("10.9.0.{}", 10 - index)).await;
+        created.push(pod);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let results = run_init_containers(&client, &ns, &created, dir.path()).await;
+    let cluster = format!(
+        r#"{{"worker":["mnist-0.mnist.{ns}.svc.cluster.local:8470","mnist-1.mnist.{ns}.svc.cluster.local:8470","mnist-2.mnist.{ns}.svc.cluster.local:8470"]}}"#
+    );
+    for (name, r, volume) in &results {
+        let index: usize = name.strip_prefix("mnist-").unwrap().parse().unwrap();
+        check_outputs(&pods, name, r, volume, &cluster, ("worker", index)).await;
     }
 }
 
