@@ -289,6 +289,12 @@ impl Kubelet {
     pub async fn running(&self, pod: &str, ip: &str) -> Pod {
         let p = self.api.get(pod).await.unwrap();
         let container = p.spec.as_ref().unwrap().containers[0].name.clone();
+        self.running_as(pod, ip, &container).await
+    }
+
+    /// Running with this IP, for a pod whose (first) container is `container`: one
+    /// request, for benchmarks that count the API server's requests.
+    pub async fn running_as(&self, pod: &str, ip: &str, container: &str) -> Pod {
         let now = now();
         self.status(
             pod,

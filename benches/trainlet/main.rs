@@ -1,0 +1,38 @@
+//! `make bench`: trainlet against what users write today, side by side, in one run, on
+//! one private control plane (so no other test's requests pollute the API server's
+//! counters).
+//!
+//! Scenarios:
+//! 1. resolve: N agents start before any pod runs; the kubelet player marks the pods
+//!    Running in random order over about a second. Latency is from the moment the API
+//!    server was sent the last pod's Running status to the mtime of each agent's
+//!    `tf_config.json`. Peak RSS comes from `/usr/bin/time -f %M` (a child spawned
+//!    straight from this harness would report the harness's RSS), API requests and
+//!    bytes from the API server's own `/metrics`.
+//!    Baseline: `kubectl wait` + `kubectl get` + shell, each kubectl a cold process with
+//!    its own empty discovery cache, as in a fresh init container. At N=8 also a 2 s
+//!    `kubectl get` polling loop (k8s-wait-for), and a variant where the pods come up
+//!    after 20 s, to show that trainlet's API cost does not grow with the wait.
+//! 2. sidecar at rest, 3. OOM-to-annotation latency, 4. footprint.
+//!
+//! Output: a markdown table on stdout, `target/bench/results.json` and
+//! `target/bench/resolve.svg`.
+
+#[path = "../../tests/support/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod support;
+
+mod footprint;
+mod metrics;
+mod report;
+mod resolve;
+mod scenarios;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(scenarios::run_all());
+}

@@ -1,0 +1,302 @@
+//! The bench report: a markdown table on stdout, `target/bench/results.json`, and an
+//! SVG plot of latency and RSS against N. The plot is a few lines of SVG written here:
+//! the plotting crates either pull a font stack or a bitmap encoder into every test
+//! build, for two small line charts.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    format!(
+        "{cpus} cores ({model}), {} GiB RAM, control plane on the same machine",
+        mem / 1024 / 1024
+    )
+}
+
+pub fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn mib(kib: &Value) -> String {
+    format!("{:.1}", f(kib) / 1024.0)
+}
+
+fn find<'a>(results: &'a Value, tool: &str, n: u64, delay: f64) -> Option<&'a Value> {
+    results["resolve"]
+        .as_array()?
+        .iter()
+        .find(|r| r["tool"] == tool && r["n"] == n && (f(&r["delay_s"]) - delay).abs() < 0.5)
+}
+
+pub fn markdown(results: &Value) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Machine: {}. Commit: {}.\n",
+        results["machine"].as_str().unwrap_or(""),
+        results["commit"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        s,
+        "**Resolve** (latency from the last pod's Running status to each agent's `tf_config.json`):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let mut ns: Vec<u64> = results["resolve"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| f(&r["delay_s"]) < 0.5)
+        .filter_map(|r| r["n"].as_u64())
+        .collect();
+    ns.sort();
+    ns.dedup();
+    for n in ns {
+        let (Some(t), Some(k)) = (
+            find(results, "Trainlet", n, 0.0),
+            find(results, "KubectlWait", n, 0.0),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.2}× | {:.0} / {:.0} | {} / {} | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} |",
+            f(&t["p50_ms"]),
+            f(&t["p99_ms"]),
+            f(&t["max_ms"]),
+            f(&k["p50_ms"]),
+            f(&k["p99_ms"]),
+            f(&k["max_ms"]),
+            f(&t["p99_ms"]) / f(&k["p99_ms"]),
+            f(&t["all_done_ms"]),
+            f(&k["all_done_ms"]),
+            mib(&t["rss_max_kib"]),
+            mib(&k["rss_max_kib"]),
+            f(&t["rss_max_kib"]) / f(&k["rss_max_kib"]),
+            f(&t["requests_per_agent"]),
+            f(&k["requests_per_agent"]),
+            f(&t["bytes_per_agent"]) / 1024.0,
+            f(&k["bytes_per_agent"]) / 1024.0,
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n**API cost against the wait** (N = 8; requests per agent by verb and resource):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| tool | pods Running after | p99 ms | peak RSS MiB | requests per agent | by kind |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for r in results["resolve"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["n"] == 8)
+    {
+        let kinds: Vec<String> = r["requests_by_kind"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} {:.1}", f(v)))
+            .collect();
+        let label = match r["tool"].as_str() {
+            Some("Trainlet") => "trainlet init",
+            Some("KubectlWait") => "kubectl wait + get",
+            _ => "kubectl get, 2 s poll",
+        };
+        let _ = writeln!(
+            s,
+            "| {label} | {:.0} s | {:.0} | {} | {:.1} | {} |",
+            f(&r["delay_s"]) + 1.0,
+            f(&r["p99_ms"]),
+            mib(&r["rss_max_kib"]),
+            f(&r["requests_per_agent"]),
+            kinds.join(", ")
+        );
+    }
+    if let Some(fp) = results.get("footprint").filter(|v| !v.is_null()) {
+        let _ = writeln!(s, "\n**Footprint**:\n");
+        let _ = writeln!(
+            s,
+            "| release binary | `trainlet --version` | bad-flag exit (code) | `kubectl version --client` |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "| {:.1} MiB | {:.1} ms | {:.1} ms ({}) | {:.1} ms |",
+            f(&fp["binary_bytes"]) / 1048576.0,
+            f(&fp["version_ms"]),
+            f(&fp["bad_flag_ms"]),
+            fp["bad_flag_exit"],
+            f(&fp["kubectl_version_ms"])
+        );
+    }
+    for (title, key) in [("Sidecar at rest", "sidecar"), ("OOM to annotation", "oom")] {
+        if let Some(v) = results.get(key).filter(|v| !v.is_null()) {
+            let _ = writeln!(s, "\n**{title}**: `{v}`");
+        }
+    }
+    s
+}
+
+/// Two panels, p99 latency and peak RSS against N (log2 axis), trainlet vs kubectl.
+pub fn svg(results: &Value) -> String {
+    let series = |tool: &str, key: &str, scale: f64| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = results["resolve"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["tool"] == tool && f(&r["delay_s"]) < 0.5)
+            .map(|r| (f(&r["n"]), f(&r[key]) / scale))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let panels = [
+        ("p99 latency (ms)", "p99_ms", 1.0),
+        ("peak RSS per agent (MiB)", "rss_max_kib", 1024.0),
+    ];
+    let (w, h, pad) = (420.0, 300.0, 50.0);
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        w * 2.0,
+        h + 30.0
+    );
+    for (pi, (title, key, scale)) in panels.iter().enumerate() {
+        let x0 = pi as f64 * w;
+        let t = series("Trainlet", key, *scale);
+        let k = series("KubectlWait", key, *scale);
+        let ymax = t
+            .iter()
+            .chain(&k)
+            .map(|p| p.1)
+            .fold(0.0_f64, f64::max)
+            .max(1.0)
+            * 1.1;
+        let (nmin, nmax) = (8f64.log2(), 256f64.log2());
+        let px = |n: f64| x0 + pad + (n.log2() - nmin) / (nmax - nmin) * (w - 2.0 * pad);
+        let py = |v: f64| h - pad + 20.0 - v / ymax * (h - 2.0 * pad);
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-weight=\"bold\">{title}</text>",
+            x0 + w / 2.0
+        );
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+            x0 + pad,
+            py(0.0),
+            x0 + w - pad,
+            py(0.0)
+        );
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+            x0 + pad,
+            py(0.0),
+            x0 + pad,
+            py(ymax)
+        );
+        for n in [8.0, 64.0, 256.0] {
+            let _ = writeln!(
+                out,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">N={n}</text>",
+                px(n),
+                py(0.0) + 16.0
+            );
+        }
+        for i in 0..=4 {
+            let v = ymax * i as f64 / 4.0;
+            let _ = writeln!(
+                out,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>",
+                x0 + pad - 4.0,
+                py(v) + 4.0
+            );
+        }
+        for (pts, color, name, dy) in [
+            (&t, "#1f77b4", "trainlet init", 0.0),
+            (&k, "#d62728", "kubectl wait + get", 16.0),
+        ] {
+            let path: Vec<String> = pts
+                .iter()
+                .map(|(n, v)| format!("{:.1},{:.1}", px(*n), py(*v)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+                path.join(" ")
+            );
+            for (n, v) in pts.iter() {
+                let _ = writeln!(
+                    out,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{v:.1}</title></circle>",
+                    px(*n),
+                    py(*v)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>",
+                x0 + pad + 10.0,
+                40.0 + dy
+            );
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+pub fn write(results: &Value) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(results).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("resolve.svg"), svg(results)).unwrap();
+    println!("{}", markdown(results));
+    eprintln!(
+        "bench: wrote {0}/results.json and {0}/resolve.svg",
+        dir.display()
+    );
+}

@@ -1,0 +1,77 @@
+//! Runs every scenario on one private control plane and writes the report.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::footprint;
+use crate::report;
+use crate::resolve::{self, Tool};
+use crate::support;
+
+pub async fn run_all() {
+    let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
+    let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
+    let cp = support::PrivateControlPlane::start("bench");
+    let client = support::client_from(&cp.kubeconfig).await;
+    let bin = Path::new(env!("CARGO_BIN_EXE_trainlet"));
+    let sizes: Vec<usize> = std::env::var("TRAINLET_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or_else(|| vec![8, 64, 256]);
+
+    let mut resolves = Vec::new();
+    if want("resolve") {
+        for &n in &sizes {
+            for tool in [Tool::Trainlet, Tool::KubectlWait] {
+                eprintln!("bench: resolve N={n} with {}", tool.label());
+                resolves.push(
+                    resolve::run(&client, &cp.kubeconfig, bin, tool, n, Duration::ZERO).await,
+                );
+            }
+            if n == 8 {
+                eprintln!("bench: resolve N=8 with {}", Tool::KubectlPoll.label());
+                resolves.push(
+                    resolve::run(
+                        &client,
+                        &cp.kubeconfig,
+                        bin,
+                        Tool::KubectlPoll,
+                        8,
+                        Duration::ZERO,
+                    )
+                    .await,
+                );
+            }
+        }
+    }
+    if want("delayed") {
+        for tool in [Tool::Trainlet, Tool::KubectlWait, Tool::KubectlPoll] {
+            eprintln!(
+                "bench: resolve N=8, pods up after 20 s, with {}",
+                tool.label()
+            );
+            resolves.push(
+                resolve::run(
+                    &client,
+                    &cp.kubeconfig,
+                    bin,
+                    tool,
+                    8,
+                    Duration::from_secs(20),
+                )
+                .await,
+            );
+        }
+    }
+    let foot = want("footprint").then(|| footprint::measure(bin));
+
+    let results = json!({
+        "machine": report::machine(),
+        "commit": report::commit(),
+        "resolve": resolves,
+        "footprint": foot,
+    });
+    report::write(&results);
+}
