@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test deps control-plane down demo lint clean
+.PHONY: all build release test deps control-plane down demo lint clean bench
 
 all: build
 
@@ -31,6 +31,11 @@ test: deps control-plane
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## Benchmarks: trainlet against kubectl on a private control plane (release build).
+## Prints a markdown table; writes target/bench/results.json and target/bench/resolve.svg.
+bench: deps
+	$(CARGO) bench --bench trainlet
 
 demo: control-plane
 	@scripts/demo
