@@ -1,0 +1,258 @@
+//! Port conflicts with real sockets, and the faults around them: a foreign process
+//! holding the training port (exec and sidecar), CMD's own listener (no conflict),
+//! signal forwarding and exit codes under exec, and the API server going away and
+//! coming back while the sidecar reports.
+
+mod report_support;
+mod support;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use report_support::*;
+use serde_json::json;
+use support::*;
+
+fn own_comm() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .unwrap()
+        .trim_end()
+        .to_string()
+}
+
+/// The test process holds the task's port before trainlet starts CMD: a conflict,
+/// with the Event naming the holder. SIGTERM reaches CMD, and CMD's death by it is
+/// trainlet's exit status (128+15).
+#[tokio::test]
+async fn exec_reports_a_foreign_process_on_the_task_port() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "portx", dir.path()).await;
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    pod("train-0").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    write_tf_config(dir.path(), port);
+    let mut r = Reporter::start(exec_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        dir.path(),
+        &["--", "sleep", "60"],
+    ));
+
+    wait_annotation(
+        &client,
+        &ns,
+        "train-0",
+        "trainlet.io/port-conflict",
+        &port.to_string(),
+    )
+    .await;
+    let want = format!(
+        "port {port} is held by process {} (pid {}), which is not part of container trainer; trainer cannot listen on it",
+        own_comm(),
+        std::process::id()
+    );
+    assert_eq!(wait_warning(&client, &ns, "PortConflict").await, want);
+    let a = annotations(&client, &ns, "train-0").await;
+    assert_eq!(a["trainlet.io/health"], "degraded");
+    let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
+    assert_eq!(
+        report["ports"],
+        json!([{"port": port, "state": "conflict", "reason": "foreign-process",
+                "owner": {"pid": std::process::id(), "comm": own_comm()}}])
+    );
+    assert_eq!(report["reasons"], json!([want]));
+    assert_eq!(
+        metric(
+            &r.metrics().await,
+            &format!("trainlet_port_conflict{{port=\"{port}\"}}")
+        ),
+        Some(1.0)
+    );
+
+    r.signal(libc::SIGTERM);
+    let (code, took) = r.wait(Duration::from_secs(10));
+    assert_eq!(code, 128 + 15, "{}", r.stderr());
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    drop(holder);
+}
+
+/// CMD itself listens on the task port: `listening`, owned by CMD, no conflict. CMD
+/// exits 7 and so does trainlet.
+#[tokio::test]
+async fn exec_accepts_cmds_own_listener_and_passes_its_exit_code() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "portok", dir.path()).await;
+    let port = free_port();
+    pod("train-0").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    write_tf_config(dir.path(), port);
+    let ready = dir.path().join("listening");
+    let stop = dir.path().join("stop");
+    let script = format!(
+        "import os, socket, sys, time\n\
+s = socket.socket(socket.AF_INET6)\n\
+s.bind(('::', {port}))\n\
+s.listen()\n\
+open({ready:?}, 'w').write(str(os.getpid()))\n\
+while not os.path.exists({stop:?}):\n    time.sleep(0.05)\n\
+sys.exit(7)\n",
+        ready = ready.to_str().unwrap(),
+        stop = stop.to_str().unwrap()
+    );
+    let mut r = Reporter::start(exec_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        dir.path(),
+        &["--", "python3", "-c", &script],
+    ));
+    let pid: u32 = eventually("CMD listens", Duration::from_secs(20), || async {
+        std::fs::read_to_string(&ready).ok()?.trim().parse().ok()
+    })
+    .await;
+    // The report shows the listener with its owner, and nothing is wrong.
+    let report = eventually(
+        "the listener in the report",
+        Duration::from_secs(20),
+        || async {
+            let a = annotations(&client, &ns, "train-0").await;
+            let r: serde_json::Value = serde_json::from_str(a.get("trainlet.io/report")?).ok()?;
+            (r["ports"][0]["state"] == "listening").then_some((a, r))
+        },
+    )
+    .await;
+    let (a, report) = report;
+    assert_eq!(report["ports"][0]["port"], port);
+    assert_eq!(report["ports"][0]["owner"]["pid"], pid);
+    assert!(
+        report["ports"][0]["owner"]["comm"]
+            .as_str()
+            .unwrap()
+            .starts_with("python"),
+        "{report}"
+    );
+    assert_eq!(a["trainlet.io/health"], "ok");
+    assert!(!a.contains_key("trainlet.io/port-conflict"));
+    assert_eq!(warnings(&client, &ns).await, vec![]);
+
+    std::fs::write(&stop, "").unwrap();
+    let (code, _) = r.wait(Duration::from_secs(20));
+    assert_eq!(code, 7, "{}", r.stderr());
+}
+
+/// A container status with a container ID, as the kubelet writes once it runs.
+fn running_with_id(container: &str, id: &str) -> serde_json::Value {
+    json!({"containerStatuses": [{
+        "name": container, "image": "registry.example/train:1", "imageID": "",
+        "containerID": id, "ready": true, "restartCount": 0, "started": true,
+        "state": {"running": {"startedAt": now()}}
+    }]})
+}
+
+/// The sidecar knows the training container by its ID; the test process's socket is
+/// in another cgroup, so it is foreign. When it closes, the conflict clears and the
+/// annotation key goes away.
+#[tokio::test]
+async fn sidecar_reports_a_foreign_listener_and_clears_it() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "ports", dir.path()).await;
+    let holder = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    pod("train-0")
+        .port("tf", port as i32)
+        .create(&client, &ns)
+        .await;
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.run("train-0", "10.1.0.5").await;
+    kubelet
+        .status(
+            "train-0",
+            running_with_id(
+                "trainer",
+                "containerd://8f2c3a9e0d1b4c5a6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5",
+            ),
+        )
+        .await;
+    let mut r = Reporter::start(sidecar_cmd(&kc, &ns, "train-0", &[]));
+    wait_annotation(
+        &client,
+        &ns,
+        "train-0",
+        "trainlet.io/port-conflict",
+        &port.to_string(),
+    )
+    .await;
+    assert_eq!(
+        wait_warning(&client, &ns, "PortConflict").await,
+        format!(
+            "port {port} is held by process {} (pid {}), which is not part of container trainer; trainer cannot listen on it",
+            own_comm(),
+            std::process::id()
+        )
+    );
+    drop(holder);
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
+    let a = annotations(&client, &ns, "train-0").await;
+    assert!(!a.contains_key("trainlet.io/port-conflict"), "{a:?}");
+    let text = r.metrics().await;
+    assert_eq!(
+        metric(&text, &format!("trainlet_port_conflict{{port=\"{port}\"}}")),
+        Some(0.0)
+    );
+    let (code, took) = r.terminate();
+    assert_eq!(code, 0);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+/// The API server stops for a few seconds while a conflict appears: the sidecar keeps
+/// running, counts the failed calls, backs off, and the annotation appears once the
+/// API server is back. A control plane of the test's own, because stopping the
+/// shared one would disturb every other test.
+#[tokio::test]
+async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
+    let cp = std::sync::Arc::new(PrivateControlPlane::start("report-restart"));
+    let client = client_from(&cp.kubeconfig).await;
+    let ns = namespace(&client, "restart").await;
+    let port = free_port();
+    pod("train-0").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let mut r = Reporter::start(sidecar_cmd(
+        &cp.kubeconfig,
+        &ns,
+        "train-0",
+        &["--port", &port.to_string()],
+    ));
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
+    r.wait_ready().await;
+
+    let restart = {
+        let cp = cp.clone();
+        tokio::task::spawn_blocking(move || cp.restart_apiserver(Duration::from_secs(4)))
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let holder = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(r.alive(), "the sidecar died: {}", r.stderr());
+    let errors = metric(&r.metrics().await, "trainlet_api_errors_total").unwrap();
+    assert!(errors >= 1.0, "no failed API call was counted");
+    restart.await.unwrap();
+
+    let client = client_from(&cp.kubeconfig).await;
+    support::eventually(
+        "the conflict annotation after the restart",
+        Duration::from_secs(45),
+        || async {
+            let a = annotations(&client, &ns, "train-0").await;
+            (a.get("trainlet.io/port-conflict") == Some(&port.to_string())).then_some(())
+        },
+    )
+    .await;
+    assert!(r.alive());
+    assert_eq!(r.terminate().0, 0, "{}", r.stderr());
+    drop(holder);
+}
