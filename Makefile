@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test deps control-plane down demo lint clean bench
+.PHONY: all build release test deps control-plane down demo lint clean rootfs bench
 
 all: build
 
@@ -27,6 +27,11 @@ down:
 
 test: deps control-plane
 	$(CARGO) test --all-targets --no-fail-fast
+
+## A minimal image rootfs without Docker (binary, its glibc libraries, nonroot user):
+## target/rootfs/trainlet-rootfs.tar, for `docker import` or `podman import`.
+rootfs:
+	@docker/rootfs.sh
 
 lint:
 	$(CARGO) fmt --check

@@ -735,3 +735,48 @@ fn the_dockerfile_passes_hadolint() {
         "the binary must stay glibc-linked (NVML is loaded with dlopen)"
     );
 }
+
+/// `make rootfs` without Docker: the tarball holds the binary at the image's path, the
+/// libraries it links and the nonroot user, and the binary runs in it as 65532.
+#[test]
+fn the_rootfs_tarball_runs_the_binary_as_nonroot() {
+    // chroot needs root; CI runs as root.
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        skip_or_fail("chroot into the rootfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(repo().join("docker/rootfs.sh"))
+        .arg(env!("CARGO_BIN_EXE_trainlet"))
+        .env("TRAINLET_ROOTFS_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tar = dir.path().join("trainlet-rootfs.tar");
+    let listing = Command::new("tar").arg("tf").arg(&tar).output().unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for path in [
+        "./usr/local/bin/trainlet",
+        "./lib/x86_64-linux-gnu/libc.so.6",
+        "./etc/passwd",
+    ] {
+        assert!(listing.lines().any(|l| l == path), "{path} in\n{listing}");
+    }
+    let run = Command::new("chroot")
+        .arg("--userspec=65532:65532")
+        .arg(dir.path().join("root"))
+        .args(["/usr/local/bin/trainlet", "--version"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        format!("trainlet {}\n", env!("CARGO_PKG_VERSION")),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
