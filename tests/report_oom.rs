@@ -86,6 +86,64 @@ async fn exec_reports_a_child_that_the_kernel_oom_killed() {
     );
 }
 
+/// Sidecar with `--cgroup-root`: the training container's cgroup, laid out as the
+/// kubelet's cgroupfs driver does (`kubepods/burstable/pod<uid>/<container id>`), is
+/// found by pod UID and container ID; a process in it is OOM-killed while the
+/// container keeps running, which pod status never shows.
+#[tokio::test]
+async fn sidecar_with_cgroup_root_counts_a_kill_inside_the_container() {
+    let Some(cg) = MemCgroup::new(1 << 30) else {
+        return;
+    };
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "oomcg", dir.path()).await;
+    let created = pod("train-0").create(&client, &ns).await;
+    let uid = created.metadata.uid.unwrap();
+    let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.run("train-0", "10.1.0.5").await;
+    kubelet
+        .status(
+            "train-0",
+            running_with_id("trainer", &format!("containerd://{id}")),
+        )
+        .await;
+    let container = cg.child(&format!("kubepods/burstable/pod{uid}/{id}"), 64 << 20);
+    let mut r = Reporter::start(sidecar_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        &["--cgroup-root", "/sys/fs/cgroup"],
+    ));
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
+    let a = annotations(&client, &ns, "train-0").await;
+    let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
+    assert_eq!(
+        report["oom"]["sources"],
+        serde_json::json!([
+            format!("cgroup v1 {} (eventfd)", container.display()),
+            "pod status"
+        ])
+    );
+
+    let status = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$1\"")
+        .arg(&container)
+        .arg(memhog())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "the kernel killed the hog");
+    assert_eq!(
+        wait_warning(&client, &ns, "OOMKill").await,
+        "a process in container trainer was OOM-killed; memory limit 64Mi"
+    );
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/oom-kills", "1").await;
+    assert_eq!(r.terminate().0, 0);
+}
+
 /// The kubelet reports a container OOMKilled and restarted: counted once, in sidecar
 /// mode; a real Prometheus scrapes the counter; promtool accepts /metrics.
 #[tokio::test]

@@ -144,15 +144,6 @@ sys.exit(7)\n",
     assert_eq!(code, 7, "{}", r.stderr());
 }
 
-/// A container status with a container ID, as the kubelet writes once it runs.
-fn running_with_id(container: &str, id: &str) -> serde_json::Value {
-    json!({"containerStatuses": [{
-        "name": container, "image": "registry.example/train:1", "imageID": "",
-        "containerID": id, "ready": true, "restartCount": 0, "started": true,
-        "state": {"running": {"startedAt": now()}}
-    }]})
-}
-
 /// The sidecar knows the training container by its ID; the test process's socket is
 /// in another cgroup, so it is foreign. When it closes, the conflict clears and the
 /// annotation key goes away.

@@ -220,6 +220,8 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     ready: Readiness,
     evaluated: bool,
+    /// The last summary logged, so the log shows changes, not every probe.
+    logged: String,
     child: Option<u32>,
     child_exit: Option<i32>,
     stop: bool,
@@ -267,6 +269,7 @@ impl Engine {
             metrics: Arc::new(Metrics::new()),
             ready: Readiness::default(),
             evaluated: false,
+            logged: String::new(),
             child: None,
             child_exit: None,
             stop: false,
@@ -884,6 +887,33 @@ impl Engine {
         });
         let json = super::render(&report);
         self.desired = super::annotations(&report, &json);
+        let summary = format!(
+            "health={} gpus={}/{} nvml={:?} ports={} oom_kills={}",
+            report.health.as_str(),
+            report.gpu.count,
+            expected
+                .as_ref()
+                .map_or("-".to_string(), |e| e.count.to_string()),
+            report.gpu.nvml,
+            self.ports
+                .iter()
+                .map(|(p, s)| format!(
+                    "{p}:{}",
+                    match s {
+                        PortState::Free => "free",
+                        PortState::Listening { .. } => "listening",
+                        PortState::Conflict { .. } => "conflict",
+                        PortState::Unknown { .. } => "unknown",
+                    }
+                ))
+                .collect::<Vec<_>>()
+                .join(","),
+            report.oom.kills
+        );
+        if summary != self.logged {
+            info!(devices = ?report.gpu.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "report: {summary}");
+            self.logged = summary;
+        }
 
         let m = &self.metrics;
         m.gpus.set(i64::from(report.gpu.count));

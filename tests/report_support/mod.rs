@@ -377,6 +377,20 @@ impl MemCgroup {
         w
     }
 
+    /// A child cgroup at `rel` (e.g. `kubepods/pod<uid>/<id>`), with a limit: the
+    /// layout a node's cgroupfs driver makes for a container.
+    pub fn child(&self, rel: &str, limit_bytes: u64) -> PathBuf {
+        let mut p = self.path.clone();
+        for part in rel.split('/') {
+            p = p.join(part);
+            if !p.exists() {
+                std::fs::create_dir(&p).unwrap();
+            }
+        }
+        std::fs::write(p.join("memory.limit_in_bytes"), limit_bytes.to_string()).unwrap();
+        p
+    }
+
     pub fn oom_kills(&self) -> u64 {
         std::fs::read_to_string(self.path.join("memory.oom_control"))
             .unwrap_or_default()
@@ -388,20 +402,49 @@ impl MemCgroup {
 
 impl Drop for MemCgroup {
     fn drop(&mut self) {
-        // Kill what is left, then remove the directory.
-        for _ in 0..50 {
-            let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
-            if procs.trim().is_empty() {
-                break;
+        // Children first, deepest first.
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.path.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(e.path());
+                    stack.push(e.path());
+                }
             }
-            for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            kill_all(&d);
+            let _ = std::fs::remove_dir(&d);
+        }
+        kill_all(&self.path);
         let _ = std::fs::remove_dir(&self.path);
     }
+}
+
+/// Kills every process of a cgroup and waits until it is empty.
+fn kill_all(cg: &Path) {
+    for _ in 0..50 {
+        let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+        if procs.trim().is_empty() {
+            break;
+        }
+        for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Pod status of a running container with a container ID, as the kubelet writes it.
+pub fn running_with_id(container: &str, id: &str) -> serde_json::Value {
+    serde_json::json!({"containerStatuses": [{
+        "name": container, "image": "registry.example/train:1", "imageID": "",
+        "containerID": id, "ready": true, "restartCount": 0, "started": true,
+        "state": {"running": {"startedAt": support::now()}}
+    }]})
 }
