@@ -197,7 +197,7 @@ impl InjectConfig {
         if let Some(e) = &c.environment {
             init.push(format!("--environment={e}"));
         }
-        if output_dir != "/etc/trainlet" {
+        if output_dir != transform::DEFAULT_OUTPUT_DIR {
             init.push(format!("--output-dir={output_dir}"));
         }
         init.push(format!("--install-to={install_to}"));

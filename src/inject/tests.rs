@@ -517,3 +517,43 @@ fn a_comment_only_chunk_and_leading_separator_are_kept() {
     let again = inject(&out.yaml, &config(&["--job", "w=a=b"])).unwrap();
     assert_eq!(again.yaml, out.yaml);
 }
+
+#[test]
+fn rewrapping_with_another_install_dir_replaces_the_wrapper() {
+    let a = config(&["--job", "worker=app=trainer", "--wrap", "train"]);
+    let b = config(&[
+        "--job",
+        "worker=app=trainer",
+        "--wrap",
+        "train",
+        "--output-dir",
+        "/run/trainlet",
+    ]);
+    let once = inject(MIXED, &a).unwrap();
+    let moved = inject(&once.yaml, &b).unwrap();
+    let d = docs(&moved.yaml);
+    let c = &pod_spec(&d[1])["containers"][0];
+    assert_eq!(
+        c["command"],
+        serde_json::json!([
+            "/run/trainlet/bin/trainlet",
+            "exec",
+            "--report",
+            "--",
+            "python"
+        ])
+    );
+    // exec must find TF_CONFIG where init writes it.
+    let env = c["env"].as_array().unwrap();
+    assert!(
+        env.contains(&serde_json::json!({"name": "TRAINLET_OUTPUT_DIR", "value": "/run/trainlet"})),
+        "{env:?}"
+    );
+    assert_eq!(
+        pod_spec(&d[1])["initContainers"][0]["volumeMounts"],
+        serde_json::json!([{"name": "trainlet", "mountPath": "/run/trainlet"}])
+    );
+    assert_eq!(moved.yaml, inject(MIXED, &b).unwrap().yaml);
+    // And back to the default: no stale TRAINLET_OUTPUT_DIR.
+    assert_eq!(inject(&moved.yaml, &a).unwrap().yaml, once.yaml);
+}

@@ -10,6 +10,8 @@ use super::yaml::{self, Chunk, Node};
 pub const INIT_CONTAINER: &str = "trainlet-init";
 pub const SIDECAR: &str = "trainlet";
 pub const VOLUME: &str = "trainlet";
+/// `trainlet init --output-dir`'s default, and so the default mount path.
+pub const DEFAULT_OUTPUT_DIR: &str = "/etc/trainlet";
 /// Where the image puts the binary (docker/Dockerfile).
 pub const BINARY: &str = "/usr/local/bin/trainlet";
 /// The sidecar's Prometheus port (`trainlet sidecar --metrics-addr` default).
@@ -425,33 +427,52 @@ impl Ctx<'_> {
                 container: name.to_string(),
             });
         }
-        let already =
-            command.len() > prefix.len() && command.iter().zip(prefix).all(|(a, b)| a == b);
-        if !already {
-            let wrapped: Vec<Node> = prefix
-                .iter()
-                .map(|s| Node::str(*s))
-                .chain(command.iter().map(Node::str))
-                .collect();
-            c.set("command", Node::Seq(wrapped));
-        }
+        // Already wrapped by an earlier inject (maybe with another --install-to): unwrap
+        // first, so that injecting again never wraps twice.
+        let original: &[String] = match command.get(..prefix.len()) {
+            Some([exe, rest @ ..])
+                if exe.ends_with("/trainlet")
+                    && rest == ["exec", "--report", "--"]
+                    && command.len() > prefix.len() =>
+            {
+                &command[prefix.len()..]
+            }
+            _ => &command,
+        };
+        let wrapped: Vec<Node> = prefix
+            .iter()
+            .map(|s| Node::str(*s))
+            .chain(original.iter().map(Node::str))
+            .collect();
+        c.set("command", Node::Seq(wrapped));
         let env = c
             .seq_entry("env")
             .ok_or_else(|| self.shape(what, format!("env of container {name:?} is not a list")))?;
         for e in downward_env() {
             upsert_named(env, e.clone(), name_of(&e).unwrap_or_default(), None);
         }
+        // Settings of `trainlet exec` that inject owns: removed and added again, so
+        // their order and values never depend on an earlier inject.
+        env.retain(|e| {
+            !matches!(
+                name_of(e),
+                Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR")
+            )
+        });
+        // `trainlet exec` reads TF_CONFIG from --output-dir, whose default is the
+        // default mount path.
+        if cfg.output_dir != DEFAULT_OUTPUT_DIR {
+            env.push(Node::map([
+                ("name", Node::str("TRAINLET_OUTPUT_DIR")),
+                ("value", Node::str(&cfg.output_dir)),
+            ]));
+        }
         // The sidecar serves the pod's metrics on 9464; the in-process reporters of
         // `exec --report` must not try to bind the same port in the same pod.
-        upsert_named(
-            env,
-            Node::map([
-                ("name", Node::str("TRAINLET_METRICS_ADDR")),
-                ("value", Node::str("off")),
-            ]),
-            "TRAINLET_METRICS_ADDR",
-            None,
-        );
+        env.push(Node::map([
+            ("name", Node::str("TRAINLET_METRICS_ADDR")),
+            ("value", Node::str("off")),
+        ]));
         Ok(())
     }
 }
