@@ -403,16 +403,22 @@ pub fn is_plain_string(s: &str) -> bool {
 
 /// Whether a plain scalar read from the input can be written back as the same plain text.
 fn plain_text_ok(s: &str) -> bool {
-    !s.is_empty()
+    let mut chars = s.chars();
+    let (Some(first), second) = (chars.next(), chars.next()) else {
+        return false;
+    };
+    // `-`, `?` and `:` may start a plain scalar when a non-space follows (`-1`, `-x`).
+    let start_ok = match first {
+        '-' | '?' | ':' => second.is_some_and(|c| !c.is_whitespace()) && !s.starts_with("---"),
+        ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\'' | '"' | '%' | '@'
+        | '`' | '#' => false,
+        _ => true,
+    };
+    start_ok
         && !s.contains(['\n', '\r', '\t', '#'])
         && !s.contains(": ")
         && !s.ends_with(':')
         && s.trim() == s
-        && !s.starts_with([
-            '-', '?', ':', ',', '[', ']', '{', '}', '&', '*', '!', '|', '>', '\'', '"', '%', '@',
-            '`',
-        ])
-        || (s.starts_with('-') && is_plain_string(s))
 }
 
 /// Writes a document as block-style YAML, ending with a newline.
@@ -658,15 +664,15 @@ mod tests {
     fn yaml_1_1_scalars_keep_their_meaning_for_kubectl() {
         // Plain scalars come back as written; quoted strings that YAML 1.1 would read as
         // something else stay quoted.
-        let src = "mode: 0644\nb: yes\nc: 'yes'\nd: \"on\"\ne: '1.0'\nf: 1.0\ng: ~\nh: \"0644\"\ni: 'plain'\n";
+        let src = "mode: 0644\nb: yes\nc: 'yes'\nd: \"on\"\ne: '1.0'\nf: 1.0\ng: ~\nh: \"0644\"\ni: 'plain'\nj: -1\nk: -.5\nl: -x\n";
         let out = emit(&one(src));
         assert_eq!(
             out,
-            "mode: 0644\nb: yes\nc: \"yes\"\nd: \"on\"\ne: \"1.0\"\nf: 1.0\ng: ~\nh: \"0644\"\ni: plain\n"
+            "mode: 0644\nb: yes\nc: \"yes\"\nd: \"on\"\ne: \"1.0\"\nf: 1.0\ng: ~\nh: \"0644\"\ni: plain\nj: -1\nk: -.5\nl: -x\n"
         );
         assert_eq!(
             to_json(&one(&out)),
-            json!({"mode": 420, "b": true, "c": "yes", "d": "on", "e": "1.0", "f": 1.0, "g": null, "h": "0644", "i": "plain"})
+            json!({"mode": 420, "b": true, "c": "yes", "d": "on", "e": "1.0", "f": 1.0, "g": null, "h": "0644", "i": "plain", "j": -1, "k": -0.5, "l": "-x"})
         );
     }
 
