@@ -19,7 +19,7 @@
 //! `target/bench/resolve.svg`.
 
 #[path = "../../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 mod footprint;

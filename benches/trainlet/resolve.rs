@@ -62,17 +62,27 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn agent_command(
+/// What every agent of one run shares.
+struct Setup<'a> {
     tool: Tool,
-    bin: &Path,
-    kc: &Path,
-    ns: &str,
-    pod_name: &str,
-    sel: &str,
+    bin: &'a Path,
+    kubeconfig: &'a Path,
+    ns: &'a str,
+    sel: &'a str,
     n: usize,
-    out: &Path,
     port: u16,
-) -> Command {
+}
+
+fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
+    let Setup {
+        tool,
+        bin,
+        kubeconfig: kc,
+        ns,
+        sel,
+        n,
+        port,
+    } = *s;
     let rss = out.join("rss");
     let mut cmd = Command::new("/usr/bin/time");
     cmd.arg("-f").arg("%M").arg("-o").arg(&rss);
@@ -178,13 +188,22 @@ pub async fn run(
         .replace("namespace: default", &format!("namespace: {ns}"));
     std::fs::write(&kc_ns, text).unwrap();
 
+    let setup = Setup {
+        tool,
+        bin,
+        kubeconfig: &kc_ns,
+        ns: &ns,
+        sel: &sel,
+        n,
+        port,
+    };
     let watches_before = pod_watches(&scrape(client).await);
     let before = scrape(client).await;
     let mut children: Vec<Child> = names
         .iter()
         .zip(&dirs)
         .map(|(name, dir)| {
-            agent_command(tool, bin, &kc_ns, &ns, name, &sel, n, dir, port)
+            agent_command(&setup, name, dir)
                 .spawn()
                 .expect("spawn agent")
         })
