@@ -242,7 +242,7 @@ pub fn scan(proc_root: &Path) -> Result<Vec<Listener>, PortsError> {
     let mut out = Vec::new();
     for (name, required) in [("net/tcp", true), ("net/tcp6", false)] {
         let path = proc_root.join(name);
-        match std::fs::read_to_string(&path) {
+        match read_large(&path) {
             Ok(text) => out.extend(parse_proc_net_tcp(&text)),
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
@@ -254,6 +254,24 @@ pub fn scan(proc_root: &Path) -> Result<Vec<Listener>, PortsError> {
         }
     }
     Ok(out)
+}
+
+/// Reads a `/proc` file in large chunks. The kernel renders `/proc/net/tcp` anew for
+/// every read(2), and std's small first reads (32 bytes, doubling) cost a dozen
+/// renderings where one or two do.
+fn read_large(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Finds the visible processes that hold these socket inodes, by walking
