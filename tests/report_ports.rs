@@ -247,3 +247,137 @@ async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
     assert_eq!(r.terminate().0, 0, "{}", r.stderr());
     drop(holder);
 }
+
+/// The sidecar in a PID namespace of its own with its own /proc, as a container
+/// without `shareProcessNamespace`: it sees the pod's sockets but not their owners.
+fn isolated_sidecar(kubeconfig: &std::path::Path, ns: &str, pod: &str) -> Option<Reporter> {
+    let ok = std::process::Command::new("unshare")
+        .args(["-p", "-f", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        skip_or_fail("cannot make a PID namespace with `unshare -p -f --mount-proc` (needs root)");
+        return None;
+    }
+    let inner = sidecar_cmd(kubeconfig, ns, pod, &[]);
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["-p", "-f", "--mount-proc", "--kill-child=SIGTERM"])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    cmd.env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+    Some(Reporter::start(cmd))
+}
+
+/// A native sidecar starts before the training container. A port that is already
+/// listening then, by a process it cannot see, is a conflict (case 2), and stays one
+/// after the container starts; a port that starts listening after the container
+/// started is the container's own.
+#[tokio::test]
+async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "early", dir.path()).await;
+    let early = TcpListener::bind("127.0.0.1:0").unwrap();
+    let early_port = early.local_addr().unwrap().port();
+    let late_port = free_port();
+    pod("train-0")
+        .port("tf", early_port as i32)
+        .port("late", late_port as i32)
+        .create(&client, &ns)
+        .await;
+    let Some(r) = isolated_sidecar(&kc, &ns, "train-0") else {
+        return;
+    };
+    wait_annotation(
+        &client,
+        &ns,
+        "train-0",
+        "trainlet.io/port-conflict",
+        &early_port.to_string(),
+    )
+    .await;
+    assert_eq!(
+        wait_warning(&client, &ns, "PortConflict").await,
+        format!(
+            "port {early_port} was already listening before container trainer started; trainer cannot listen on it"
+        )
+    );
+    // The container starts, then listens on its other port.
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let late = TcpListener::bind(("127.0.0.1", late_port)).unwrap();
+    let report = eventually(
+        "the late port listening",
+        Duration::from_secs(20),
+        || async {
+            let a = annotations(&client, &ns, "train-0").await;
+            let r: serde_json::Value = serde_json::from_str(a.get("trainlet.io/report")?).ok()?;
+            let late = r["ports"]
+                .as_array()?
+                .iter()
+                .find(|p| p["port"] == late_port)?
+                .clone();
+            (late["state"] == "listening").then_some((a, r))
+        },
+    )
+    .await;
+    let (a, report) = report;
+    assert_eq!(a["trainlet.io/port-conflict"], early_port.to_string());
+    assert_eq!(
+        report["ports"],
+        if early_port < late_port {
+            json!([
+                {"port": early_port, "state": "conflict", "reason": "before-start"},
+                {"port": late_port, "state": "listening"}
+            ])
+        } else {
+            json!([
+                {"port": late_port, "state": "listening"},
+                {"port": early_port, "state": "conflict", "reason": "before-start"}
+            ])
+        }
+    );
+    assert_eq!(warnings(&client, &ns).await.len(), 1);
+    drop(r);
+    drop((early, late));
+}
+
+/// With `hostNetwork: true`, an invisible process that held the port before the
+/// container started is something else on the node (case 3).
+#[tokio::test]
+async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "hostnet", dir.path()).await;
+    let holder = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    pod("train-0")
+        .host_network()
+        .port("tf", port as i32)
+        .create(&client, &ns)
+        .await;
+    let Some(mut r) = isolated_sidecar(&kc, &ns, "train-0") else {
+        return;
+    };
+    assert_eq!(
+        wait_warning(&client, &ns, "PortConflict").await,
+        format!(
+            "port {port} is already in use on the node (hostNetwork: true) by a process outside this pod, since before container trainer started"
+        )
+    );
+    let a = annotations(&client, &ns, "train-0").await;
+    assert_eq!(a["trainlet.io/port-conflict"], port.to_string());
+    let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
+    assert_eq!(
+        report["ports"],
+        json!([{"port": port, "state": "conflict", "reason": "host-network"}])
+    );
+    assert!(r.alive());
+    drop(holder);
+}
