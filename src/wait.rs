@@ -17,6 +17,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use crate::cluster::slim::PeerPod;
 use crate::cluster::{Assessment, Cluster, ClusterError, Resolver, Shortfall};
 use crate::kube::{KubeError, classify};
 use crate::{Code, Failure};
@@ -29,7 +30,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    fn api(&self, client: &Client) -> Api<Pod> {
+    fn api(&self, client: &Client) -> Api<PeerPod> {
         match self {
             Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
             Scope::All => Api::all(client.clone()),
@@ -116,19 +117,16 @@ pub async fn wait_for_peers(
         // resourceVersion=0: the initial list is served from the API server's watch
         // cache instead of a quorum read of etcd; the watch then catches up.
         let cfg = watcher::Config::default().labels(sel).any_semantic();
+        // PeerPod parses only the fields resolution reads (see cluster::slim).
         watcher(api.clone(), cfg)
             .default_backoff()
-            .modify(|p| {
-                // Managed fields are most of a pod's bytes and none of our business.
-                p.managed_fields_mut().clear();
-            })
             .map(move |ev| (i, ev))
             .boxed()
     });
     let mut events = stream::select_all(streams).ready_chunks(512);
 
-    let mut stores: Vec<HashMap<String, Pod>> = vec![HashMap::new(); selectors.len()];
-    let mut buffers: Vec<HashMap<String, Pod>> = vec![HashMap::new(); selectors.len()];
+    let mut stores: Vec<HashMap<String, PeerPod>> = vec![HashMap::new(); selectors.len()];
+    let mut buffers: Vec<HashMap<String, PeerPod>> = vec![HashMap::new(); selectors.len()];
     let mut synced = vec![false; selectors.len()];
     let mut owners = OwnerCounts::default();
     let mut last: Option<Vec<Shortfall>> = None;
@@ -160,7 +158,7 @@ pub async fn wait_for_peers(
             match ev {
                 Ok(watcher::Event::Init) => buffers[i].clear(),
                 Ok(watcher::Event::InitApply(p)) => {
-                    buffers[i].insert(key(&p), p);
+                    buffers[i].insert(key(&p.0), p);
                 }
                 Ok(watcher::Event::InitDone) => {
                     std::mem::swap(&mut stores[i], &mut buffers[i]);
@@ -168,10 +166,10 @@ pub async fn wait_for_peers(
                     synced[i] = true;
                 }
                 Ok(watcher::Event::Apply(p)) => {
-                    stores[i].insert(key(&p), p);
+                    stores[i].insert(key(&p.0), p);
                 }
                 Ok(watcher::Event::Delete(p)) => {
-                    stores[i].remove(&key(&p));
+                    stores[i].remove(&key(&p.0));
                 }
                 Err(e) => {
                     if let Some(fatal) = fatal_watch_error(&e, scope.label()) {
@@ -192,6 +190,7 @@ pub async fn wait_for_peers(
         let pods: Vec<&Pod> = stores
             .iter()
             .flat_map(|s| s.values())
+            .map(|p| &p.0)
             .filter(|p| seen.insert(key(p)))
             .collect();
 

@@ -10,6 +10,7 @@
 
 pub mod order;
 pub mod selector;
+pub mod slim;
 
 use std::collections::{BTreeMap, BTreeSet};
 
