@@ -164,3 +164,50 @@ async fn a_sidecar_at_rest_is_cheap() {
     );
     assert_eq!(r.terminate().0, 0);
 }
+
+/// Every signal a person or the kubelet sends on purpose reaches CMD: HUP and USR1
+/// are trapped and logged by CMD, USR2 makes it exit 9, which is trainlet's exit code.
+#[tokio::test]
+async fn exec_report_forwards_signals_to_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tf_config(dir.path(), free_port());
+    let log = dir.path().join("signals.log");
+    let armed = dir.path().join("armed");
+    let script = format!(
+        "trap 'echo hup >> {log}' HUP; trap 'echo usr1 >> {log}' USR1; trap 'echo quit >> {log}' QUIT; trap 'exit 9' USR2; touch {armed}; while :; do sleep 0.05; done",
+        log = log.display(),
+        armed = armed.display()
+    );
+    let mut cmd = trainlet();
+    cmd.args(["exec", "--report", "--output-dir"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", &script]);
+    let mut r = Reporter::start(cmd);
+    eventually("CMD's traps", Duration::from_secs(20), || async {
+        armed.exists().then_some(())
+    })
+    .await;
+    for (sig, line) in [
+        (libc::SIGHUP, "hup"),
+        (libc::SIGUSR1, "usr1"),
+        (libc::SIGQUIT, "quit"),
+    ] {
+        r.signal(sig);
+        eventually(
+            &format!("CMD logs {line}"),
+            Duration::from_secs(10),
+            || async {
+                std::fs::read_to_string(&log)
+                    .ok()?
+                    .lines()
+                    .any(|l| l == line)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    assert!(r.alive(), "trainlet must not stop on a forwarded signal");
+    r.signal(libc::SIGUSR2);
+    assert_eq!(r.wait(Duration::from_secs(10)).0, 9, "{}", r.stderr());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "hup\nusr1\nquit\n");
+}

@@ -1008,6 +1008,33 @@ mod tests {
         assert!(pick_victims(&recent, &BTreeSet::new(), s(2000), 1, true).is_empty());
     }
 
+    /// The v2 notifier is inotify on `memory.events`; on a plain file the plumbing is
+    /// the same (kernfs adds only the kernel's own writes).
+    #[tokio::test]
+    async fn the_v2_notifier_wakes_on_a_change_of_memory_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("memory.events");
+        std::fs::write(&events, "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        let cg = Cgroup {
+            version: CgroupVersion::V2,
+            path: dir.path().to_path_buf(),
+        };
+        let mut n = Notifier::new(&cg).unwrap();
+        assert_eq!(n.kind(), "inotify");
+        std::fs::write(&events, "low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), n.wait())
+            .await
+            .expect("a notification within 5 s")
+            .unwrap();
+        assert_eq!(cg.counters().unwrap().oom_kill, 1);
+        // v1 without a writable cgroup.event_control: no notifier, so polling.
+        let v1 = Cgroup {
+            version: CgroupVersion::V1,
+            path: dir.path().to_path_buf(),
+        };
+        assert!(Notifier::new(&v1).is_err());
+    }
+
     #[test]
     fn quantities_and_limits() {
         assert_eq!(quantity(2 << 30), "2Gi");
