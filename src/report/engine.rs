@@ -222,6 +222,7 @@ pub struct Engine {
     evaluated: bool,
     /// The last summary logged, so the log shows changes, not every probe.
     logged: String,
+    logged_no_container: Option<()>,
     child: Option<u32>,
     child_exit: Option<i32>,
     stop: bool,
@@ -270,6 +271,7 @@ impl Engine {
             ready: Readiness::default(),
             evaluated: false,
             logged: String::new(),
+            logged_no_container: None,
             child: None,
             child_exit: None,
             stop: false,
@@ -379,6 +381,24 @@ impl Engine {
             }
         }
         self.view.pod = Some(pod);
+        if self.training().is_none() && self.logged_no_container.is_none() {
+            let containers: Vec<String> = self
+                .view
+                .pod
+                .iter()
+                .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+                .map(|c| c.name.clone())
+                .collect();
+            warn!(
+                "no training container {} in the pod (containers: {}); GPU limits and ports come from flags only (pass --container)",
+                self.cfg
+                    .container
+                    .as_deref()
+                    .unwrap_or("that is not trainlet's"),
+                containers.join(", ")
+            );
+            self.logged_no_container = Some(());
+        }
         // OOMKilled terminations in pod status.
         let limit = self.training().and_then(super::memory_limit);
         let found = oom::status_ooms(self.view.pod.as_ref().expect("set above"));
