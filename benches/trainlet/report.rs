@@ -76,9 +76,9 @@ pub fn markdown(results: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl |"
+        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | CPU ms per agent: trainlet / kubectl | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     let mut ns: Vec<u64> = results["resolve"]
         .as_array()
         .into_iter()
@@ -89,15 +89,15 @@ pub fn markdown(results: &Value) -> String {
     ns.sort();
     ns.dedup();
     for n in ns {
-        let (Some(t), Some(k)) = (
-            find(results, "Trainlet", n, 0.0),
-            find(results, "KubectlWait", n, 0.0),
-        ) else {
+        // Without a kubectl run (TRAINLET_BENCH_ONLY), its columns read NaN.
+        let null = Value::Null;
+        let Some(t) = find(results, "Trainlet", n, 0.0) else {
             continue;
         };
+        let k = find(results, "KubectlWait", n, 0.0).unwrap_or(&null);
         let _ = writeln!(
             s,
-            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.2}× | {:.0} / {:.0} | {} / {} | {:.2}× | {:.1} / {:.1} | {:.1} / {:.1} |",
+            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.2}× | {:.0} / {:.0} | {} / {} | {:.2}× | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} |",
             f(&t["p50_ms"]),
             f(&t["p99_ms"]),
             f(&t["max_ms"]),
@@ -110,6 +110,8 @@ pub fn markdown(results: &Value) -> String {
             mib(&t["rss_max_kib"]),
             mib(&k["rss_max_kib"]),
             f(&t["rss_max_kib"]) / f(&k["rss_max_kib"]),
+            f(&t["cpu_median_ms"]),
+            f(&k["cpu_median_ms"]),
             f(&t["requests_per_agent"]),
             f(&k["requests_per_agent"]),
             f(&t["bytes_per_agent"]) / 1024.0,

@@ -48,6 +48,8 @@ pub struct Outcome {
     pub rss_kib: Vec<u64>,
     pub rss_median_kib: u64,
     pub rss_max_kib: u64,
+    /// CPU time (user + system) per agent, median.
+    pub cpu_median_ms: f64,
     pub requests_per_agent: f64,
     pub requests_by_kind: std::collections::BTreeMap<String, f64>,
     pub bytes_per_agent: f64,
@@ -85,7 +87,8 @@ fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
     } = *s;
     let rss = out.join("rss");
     let mut cmd = Command::new("/usr/bin/time");
-    cmd.arg("-f").arg("%M").arg("-o").arg(&rss);
+    // Peak RSS in KiB, then user and system CPU seconds.
+    cmd.arg("-f").arg("%M %U %S").arg("-o").arg(&rss);
     match tool {
         Tool::Trainlet => {
             cmd.arg(bin)
@@ -241,6 +244,7 @@ pub async fn run(
 
     let mut latency = Vec::new();
     let mut rss = Vec::new();
+    let mut cpu_ms = Vec::new();
     let mut failures = 0;
     let mut last_done = t_last;
     for (child, dir) in children.iter_mut().zip(&dirs) {
@@ -269,11 +273,23 @@ pub async fn run(
                 .map(|d| d.as_secs_f64() * 1e3)
                 .unwrap_or(0.0),
         );
-        let kib = std::fs::read_to_string(dir.join("rss"))
-            .ok()
-            .and_then(|s| s.trim().lines().last()?.trim().parse().ok())
-            .unwrap_or(0);
-        rss.push(kib);
+        let line = std::fs::read_to_string(dir.join("rss")).unwrap_or_default();
+        let fields: Vec<&str> = line
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        rss.push(fields.first().and_then(|v| v.parse().ok()).unwrap_or(0));
+        cpu_ms.push(
+            fields
+                .iter()
+                .skip(1)
+                .filter_map(|v| v.parse::<f64>().ok())
+                .sum::<f64>()
+                * 1e3,
+        );
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = scrape(client).await;
@@ -303,6 +319,10 @@ pub async fn run(
         rss_median_kib: rss_sorted.get(rss_sorted.len() / 2).copied().unwrap_or(0),
         rss_max_kib: rss_sorted.last().copied().unwrap_or(0),
         rss_kib: rss,
+        cpu_median_ms: {
+            cpu_ms.sort_by(f64::total_cmp);
+            cpu_ms.get(cpu_ms.len() / 2).copied().unwrap_or(f64::NAN)
+        },
         requests_per_agent: total / n as f64,
         requests_by_kind: by_kind_per_agent,
         bytes_per_agent: bytes / n as f64,

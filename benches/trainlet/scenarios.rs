@@ -11,6 +11,8 @@ use crate::resolve::{self, Tool};
 use crate::support;
 
 pub async fn run_all() {
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom picks scenarios
+    // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
     let cp = support::PrivateControlPlane::start("bench");
@@ -25,12 +27,15 @@ pub async fn run_all() {
     if want("resolve") {
         for &n in &sizes {
             for tool in [Tool::Trainlet, Tool::KubectlWait] {
+                if tool != Tool::Trainlet && !want("kubectl") {
+                    continue;
+                }
                 eprintln!("bench: resolve N={n} with {}", tool.label());
                 resolves.push(
                     resolve::run(&client, &cp.kubeconfig, bin, tool, n, Duration::ZERO).await,
                 );
             }
-            if n == 8 {
+            if n == 8 && want("kubectl") {
                 eprintln!("bench: resolve N=8 with {}", Tool::KubectlPoll.label());
                 resolves.push(
                     resolve::run(
