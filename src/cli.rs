@@ -304,8 +304,13 @@ pub fn parse_duration(flag: &str, value: &str) -> Result<std::time::Duration, cr
         return Ok(std::time::Duration::ZERO);
     }
     humantime::parse_duration(v).map_err(|e| {
+        let zero = if flag == "--timeout" {
+            "; 0 means no limit"
+        } else {
+            ""
+        };
         crate::Failure::usage(format!(
-            "invalid {flag} {value:?}: {e} (use e.g. 30s, 10m or 1h; 0 means no limit)"
+            "invalid {flag} {value:?}: {e} (use e.g. 30s, 10m or 1h{zero})"
         ))
     })
 }

@@ -212,7 +212,7 @@ fn bad_flags_exit_2_with_one_line() {
     for (flags, want) in [
         (
             vec!["--interval", "soon"],
-            "invalid --interval \"soon\": expected number at 0 (use e.g. 30s, 10m or 1h; 0 means no limit)",
+            "invalid --interval \"soon\": expected number at 0 (use e.g. 30s, 10m or 1h)",
         ),
         (
             vec!["--interval", "10ms"],

@@ -34,6 +34,13 @@ pub struct ExecArgs {
 }
 
 pub fn run(args: ExecArgs) -> Result<Code, Failure> {
+    use crate::report::engine;
+    // Every flag is checked before the wait for peers: a typo in a report flag must not
+    // surface only after minutes of waiting.
+    let report_cfg = args
+        .report
+        .then(|| engine::Config::from_args(engine::Mode::Exec, &args.report_args))
+        .transpose()?;
     let path = args.init.output.output_dir.join(TF_CONFIG_FILE);
     let (json, tf) = if path.exists() {
         tfconfig::read_tf_config(&path)?
@@ -47,8 +54,8 @@ pub fn run(args: ExecArgs) -> Result<Code, Failure> {
         .env("TF_CONFIG", &json)
         .env("TRAINLET_TASK_TYPE", &tf.task.task_type)
         .env("TRAINLET_TASK_INDEX", tf.task.index.to_string());
-    if args.report {
-        return report(args, cmd, &tf);
+    if let Some(cfg) = report_cfg {
+        return report(cfg, args, cmd, &tf);
     }
     // Only returns on failure.
     let err = cmd.exec();
@@ -58,12 +65,12 @@ pub fn run(args: ExecArgs) -> Result<Code, Failure> {
 /// `--report`: stay as CMD's parent, run the reporters in-process, forward signals,
 /// and exit with CMD's code (or 128+signal).
 fn report(
+    cfg: crate::report::engine::Config,
     args: ExecArgs,
     cmd: std::process::Command,
     tf: &tfconfig::TfConfig,
 ) -> Result<Code, Failure> {
     use crate::report::engine;
-    let cfg = engine::Config::from_args(engine::Mode::Exec, &args.report_args)?;
     // The own task's server port, from TF_CONFIG: the port CMD is about to listen on.
     let own_port = tf
         .cluster
