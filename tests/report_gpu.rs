@@ -33,7 +33,7 @@ fn gpus_prints_the_fake_devices_as_json() {
         "{\"GPU\":2,\"devices\":[\
 {\"index\":0,\"uuid\":\"GPU-aaaa\",\"name\":\"NVIDIA A100-SXM4-80GB\",\"memory_total_bytes\":85899345920},\
 {\"index\":1,\"uuid\":\"GPU-bbbb\",\"name\":\"NVIDIA A100-SXM4-80GB\",\"memory_total_bytes\":85899345920}\
-],\"nvml\":\"ok\"}\n"
+],\"driver_version\":\"550.54.15\",\"nvml\":\"ok\"}\n"
     );
 }
 
@@ -43,7 +43,7 @@ fn gpus_without_nvml_exits_0_and_says_why() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(
         r.stdout,
-        "{\"GPU\":0,\"devices\":[],\"nvml\":\"unavailable: library /nonexistent/libnvidia-ml.so.1 not found (/nonexistent/libnvidia-ml.so.1: cannot open shared object file: No such file or directory)\"}\n"
+        "{\"GPU\":0,\"devices\":[],\"driver_version\":null,\"nvml\":\"unavailable: library /nonexistent/libnvidia-ml.so.1 not found (/nonexistent/libnvidia-ml.so.1: cannot open shared object file: No such file or directory)\"}\n"
     );
 
     let mut failing = gpus_cmd(fake_nvml().to_str().unwrap());
@@ -52,7 +52,7 @@ fn gpus_without_nvml_exits_0_and_says_why() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(
         r.stdout,
-        "{\"GPU\":0,\"devices\":[],\"nvml\":\"unavailable: init failed: NVIDIA driver is not loaded\"}\n"
+        "{\"GPU\":0,\"devices\":[],\"driver_version\":null,\"nvml\":\"unavailable: init failed: NVIDIA driver is not loaded\"}\n"
     );
 }
 

@@ -85,6 +85,7 @@ impl GpuInfo {
         serde_json::json!({
             "GPU": self.count(),
             "devices": self.devices,
+            "driver_version": self.driver,
             "nvml": self.nvml_status(),
         })
     }
