@@ -310,7 +310,7 @@ mod tests {
         let v = info(1, Ok(())).to_json();
         assert_eq!(
             v.to_string(),
-            r#"{"GPU":1,"devices":[{"index":0,"uuid":"GPU-0","name":"NVIDIA H100 80GB HBM3","memory_total_bytes":85899345920}],"nvml":"ok"}"#
+            r#"{"GPU":1,"devices":[{"index":0,"uuid":"GPU-0","name":"NVIDIA H100 80GB HBM3","memory_total_bytes":85899345920}],"driver_version":"550.54.15","nvml":"ok"}"#
         );
         let none = GpuInfo {
             devices: vec![],
