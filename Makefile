@@ -26,7 +26,7 @@ down:
 	@tests/control-plane/down
 
 test: deps control-plane
-	$(CARGO) test --all-targets --no-fail-fast
+	$(CARGO) test --no-fail-fast
 
 ## A minimal image rootfs without Docker (binary, its glibc libraries, nonroot user):
 ## target/rootfs/trainlet-rootfs.tar, for `docker import` or `podman import`.
