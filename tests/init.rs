@@ -537,6 +537,58 @@ async fn rbac_from_the_manifests_suffices_and_a_missing_watch_is_named() {
         )
     );
 
+    // A Role that can read pods but neither patch them nor write Events: the files are
+    // what the job needs, so init warns and succeeds.
+    kubectl(&["create", "serviceaccount", "readonly", "-n", &ns]);
+    kubectl(&[
+        "create",
+        "role",
+        "readonly",
+        "-n",
+        &ns,
+        "--verb=get,list,watch",
+        "--resource=pods",
+    ]);
+    kubectl(&[
+        "create",
+        "rolebinding",
+        "readonly",
+        "-n",
+        &ns,
+        "--role=readonly",
+        &format!("--serviceaccount={ns}:readonly"),
+    ]);
+    let kc = sa_kubeconfig(&client, &ns, "readonly", dir.path()).await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        &kc,
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=1",
+            "--port",
+            &port,
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(&format!(
+        "could not annotate the pod with its task: forbidden: cannot patch pods in namespace \"{ns}\": the Role bound to ServiceAccount {ns}:readonly lacks verb \"patch\" on \"pods\""
+    )), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("could not emit the PeersResolved event: forbidden: cannot create events"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        list_dir(out.path()),
+        ["cluster.json", "tf_config.json", "trainlet.env"]
+    );
+
     // A Role without watch: exit 4, naming the verb and the resource. (With every peer
     // ready at the first list, no watch is needed and none is made; so a second peer is
     // still missing here, as it is when init containers start.)
