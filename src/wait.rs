@@ -60,6 +60,9 @@ pub enum WaitError {
         "cannot determine how many {task_type} pods to expect: {why}; pass --expect {task_type}=N"
     )]
     UnknownCount { task_type: String, why: String },
+    /// Internal: the server refused a streaming list; retried as list + watch.
+    #[error("the API server refused to stream the initial pods: {0}")]
+    StreamingUnsupported(String),
 }
 
 pub fn describe(shortfalls: &[Shortfall]) -> String {
@@ -77,6 +80,7 @@ impl From<WaitError> for Failure {
             WaitError::Cluster(c) => c.into(),
             WaitError::Timeout { .. } => Failure::new(Code::NotReady, e.to_string()),
             WaitError::UnknownCount { .. } => Failure::new(Code::Usage, e.to_string()),
+            WaitError::StreamingUnsupported(_) => Failure::new(Code::Api, e.to_string()),
         }
     }
 }
@@ -96,12 +100,49 @@ pub async fn wait_for_peers(
     client: &Client,
     scope: &Scope,
     resolver: &Resolver,
-    mut expected: BTreeMap<String, usize>,
+    expected: BTreeMap<String, usize>,
     timeout: Option<Duration>,
 ) -> Result<Resolved, WaitError> {
     let start = Instant::now();
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let r = watch(
+        client,
+        scope,
+        resolver,
+        expected.clone(),
+        timeout,
+        start,
+        deadline,
+        true,
+    )
+    .await;
+    match r {
+        Err(WaitError::StreamingUnsupported(why)) => {
+            info!("the API server does not stream initial events ({why}); using list + watch");
+            watch(
+                client, scope, resolver, expected, timeout, start, deadline, false,
+            )
+            .await
+        }
+        r => r,
+    }
+}
 
+/// One attempt. With `streaming`, each selector's initial state arrives as watch events
+/// (`sendInitialEvents`, the WatchList feature, on by default since Kubernetes 1.32): one
+/// request instead of a list plus a watch, and no list body held in memory. Servers
+/// without it refuse the parameters, and the caller falls back to list + watch.
+#[allow(clippy::too_many_arguments)]
+async fn watch(
+    client: &Client,
+    scope: &Scope,
+    resolver: &Resolver,
+    mut expected: BTreeMap<String, usize>,
+    timeout: Option<Duration>,
+    start: Instant,
+    deadline: Option<tokio::time::Instant>,
+    streaming: bool,
+) -> Result<Resolved, WaitError> {
     // One watcher per distinct selector string; each delivers its own view.
     let mut selectors: Vec<String> = Vec::new();
     for job in &resolver.jobs {
@@ -114,9 +155,15 @@ pub async fn wait_for_peers(
     }
     let api = scope.api(client);
     let streams = selectors.iter().enumerate().map(|(i, sel)| {
-        // resourceVersion=0: the initial list is served from the API server's watch
-        // cache instead of a quorum read of etcd; the watch then catches up.
-        let cfg = watcher::Config::default().labels(sel).any_semantic();
+        // Streaming: the initial state as watch events. Else resourceVersion=0: the
+        // initial list is served from the API server's watch cache instead of a quorum
+        // read of etcd, and the watch then catches up.
+        let cfg = watcher::Config::default().labels(sel);
+        let cfg = if streaming {
+            cfg.streaming_lists()
+        } else {
+            cfg.any_semantic()
+        };
         // PeerPod parses only the fields resolution reads (see cluster::slim).
         watcher(api.clone(), cfg)
             .default_backoff()
@@ -174,6 +221,12 @@ pub async fn wait_for_peers(
                 Err(e) => {
                     if let Some(fatal) = fatal_watch_error(&e, scope.label()) {
                         return Err(fatal.into());
+                    }
+                    if streaming
+                        && !synced[i]
+                        && let Some(why) = streaming_refused(&e)
+                    {
+                        return Err(WaitError::StreamingUnsupported(why));
                     }
                     if last_error_log.elapsed() > Duration::from_secs(5) {
                         warn!(error = %crate::kube::root_cause(&e), "watching pods failed; retrying with backoff");
@@ -258,6 +311,19 @@ fn fatal_watch_error(e: &watcher::Error, ns: &str) -> Option<KubeError> {
         kube::Error::Api(s) if matches!(s.code, 401 | 403) => Some(classify(err, verb, "pods", ns)),
         _ => None,
     }
+}
+
+/// A server without the WatchList feature answers `sendInitialEvents` with 400 or 422
+/// (Invalid: "sendInitialEvents is forbidden ..."); that is a reason to fall back, not
+/// to retry.
+fn streaming_refused(e: &watcher::Error) -> Option<String> {
+    let status = match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s,
+        watcher::Error::WatchError(s) => s,
+        _ => return None,
+    };
+    matches!(status.code, 400 | 422).then(|| format!("{} ({})", status.message, status.code))
 }
 
 /// Expected counts read from the controllers that own the pods, cached by owner uid.
@@ -363,4 +429,53 @@ async fn owner_count(
         _ => None,
     };
     Ok(n.and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: message.into(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_refused_streaming_list_falls_back_but_rbac_and_outages_do_not() {
+        let refused = watcher::Error::WatchStartFailed(api(
+            422,
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+        assert_eq!(
+            streaming_refused(&refused).as_deref(),
+            Some(
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled (422)"
+            )
+        );
+        assert_eq!(
+            streaming_refused(&watcher::Error::WatchStartFailed(api(403, "forbidden"))),
+            None
+        );
+        assert_eq!(
+            streaming_refused(&watcher::Error::WatchStartFailed(api(503, "unavailable"))),
+            None
+        );
+        let forbidden = fatal_watch_error(
+            &watcher::Error::WatchStartFailed(api(403, "pods is forbidden")),
+            "ns",
+        )
+        .unwrap();
+        assert!(
+            forbidden
+                .to_string()
+                .starts_with("forbidden: cannot watch pods in namespace \"ns\""),
+            "{forbidden}"
+        );
+        assert!(
+            fatal_watch_error(&watcher::Error::InitialListFailed(api(500, "etcd")), "ns").is_none()
+        );
+    }
 }
