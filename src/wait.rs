@@ -129,7 +129,8 @@ pub async fn wait_for_peers(
 }
 
 /// One attempt. With `streaming`, each selector's initial state arrives as watch events
-/// (`sendInitialEvents`, the WatchList feature, on by default since Kubernetes 1.32): one
+/// (`sendInitialEvents`, the WatchList feature, on by default in Kubernetes 1.34; off
+/// in 1.33): one
 /// request instead of a list plus a watch, and no list body held in memory. Servers
 /// without it refuse the parameters, and the caller falls back to list + watch.
 #[allow(clippy::too_many_arguments)]
