@@ -13,7 +13,14 @@
 //!    its own empty discovery cache, as in a fresh init container. At N=8 also a 2 s
 //!    `kubectl get` polling loop (k8s-wait-for), and a variant where the pods come up
 //!    after 20 s, to show that trainlet's API cost does not grow with the wait.
-//! 2. sidecar at rest, 3. OOM-to-annotation latency, 4. footprint.
+//! 2. sidecar at rest: `trainlet sidecar` and `trainlet exec --report` (also in a PID
+//!    namespace of its own, as in a container) on steady pods for 60 s at the default
+//!    intervals: CPU share of one core and VmHWM from /proc, API writes from the API
+//!    server's `/metrics` and the reporters' own counters (sidecar.rs).
+//! 3. OOM-to-annotation latency: 10 real kernel OOM kills of CMD's child in a memory
+//!    cgroup under `exec --report`, from CMD seeing the exit to the annotation seen
+//!    through a watch (oom.rs).
+//! 4. footprint.
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`.
@@ -22,11 +29,16 @@
 #[allow(unused_imports)]
 mod support;
 
+#[path = "../../tests/report_support/mod.rs"]
+mod report_support;
+
 mod footprint;
 mod metrics;
+mod oom;
 mod report;
 mod resolve;
 mod scenarios;
+mod sidecar;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()

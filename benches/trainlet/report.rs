@@ -171,12 +171,169 @@ pub fn markdown(results: &Value) -> String {
             f(&fp["kubectl_version_ms"])
         );
     }
-    for (title, key) in [("Sidecar at rest", "sidecar"), ("OOM to annotation", "oom")] {
-        if let Some(v) = results.get(key).filter(|v| !v.is_null()) {
-            let _ = writeln!(s, "\n**{title}**: `{v}`");
-        }
+    if let Some(v) = results.get("sidecar").filter(|v| !v.is_null()) {
+        sidecar_table(&mut s, v);
+    }
+    if let Some(v) = results.get("oom").filter(|v| !v.is_null()) {
+        oom_table(&mut s, v);
     }
     s
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "**not met**" }
+}
+
+/// Scenario 2: the sidecar and exec --report side by side, under the targets.
+fn sidecar_table(s: &mut String, v: &Value) {
+    let t = &v["targets"];
+    let (cpu_t, rss_t, writes_t) = (
+        f(&t["cpu_percent_of_core"]),
+        f(&t["peak_rss_mib"]),
+        f(&t["writes_after_first"]),
+    );
+    let _ = writeln!(
+        s,
+        "\n**Sidecar at rest** (a steady pod each, all at once; default `--interval` {} and `--min-patch-interval` {}; measured for {:.0} s from each one's first report):\n",
+        v["interval"].as_str().unwrap_or(""),
+        v["min_patch_interval"].as_str().unwrap_or(""),
+        f(&v["window_s"])
+    );
+    let _ = writeln!(
+        s,
+        "| process | CPU, share of one core (ms: utime+stime; schedstat) | peak RSS (VmHWM) | API writes after the first report | API writes in all (patches + Events) | first report after start | threads | health, exit on SIGTERM |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| target | ≤ {cpu_t} % | ≤ {rss_t} MiB | {writes_t} | | | | ok |"
+    );
+    for p in v["processes"].as_array().into_iter().flatten() {
+        let cpu = f(&p["cpu_percent_of_core"]);
+        let rss = f(&p["peak_rss_kib"]) / 1024.0;
+        let w = f(&p["writes_after_first"]);
+        let _ = writeln!(
+            s,
+            "| `{}` | {cpu:.3} % ({:.0}; {:.1}), {} | {rss:.1} MiB, {} | {w:.0}, {} | {:.0} ({:.0} + {:.0}) | {:.0} ms | {} | {}, {} |",
+            p["mode"].as_str().unwrap_or(""),
+            f(&p["cpu_ms_stat"]),
+            f(&p["cpu_ms_schedstat"]),
+            met(cpu <= cpu_t),
+            met(rss <= rss_t),
+            met(w <= writes_t),
+            f(&p["writes_total"]),
+            f(&p["patches_total"]),
+            f(&p["events_total"]),
+            f(&p["first_report_ms"]),
+            p["threads"],
+            p["health"].as_str().unwrap_or(""),
+            p["exit_code"]
+        );
+    }
+    if let Some(why) = v["pid_namespace_unavailable"].as_str() {
+        let _ = writeln!(
+            s,
+            "\nexec --report did not also run in a PID namespace of its own: {why}."
+        );
+    }
+    let kinds = |k: &str| -> String {
+        let v: Vec<String> = v[k]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} {}", f(v)))
+            .collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(", ")
+        }
+    };
+    let api_after = f(&v["api_writes_after_first"]);
+    let _ = writeln!(
+        s,
+        "\nThe API server's own counters, all processes together: {:.0} writes (PATCH pods + POST events) from the start, {api_after:.0} after the last first report ({}). Requests from the start: {}; after the last first report: {}. This machine showed every reporter {} processes in /proc (exec mode reads each one's stat once a second) and {} sockets in /proc/net/tcp{{,6}} (every probe reads them); a pod sees only its own.",
+        f(&v["api_writes_total"]),
+        met(api_after <= writes_t),
+        kinds("api_requests_total"),
+        kinds("api_requests_after_first"),
+        v["visible_processes"],
+        v["visible_sockets"]
+    );
+    let (tcp, scan) = (f(&v["net_tcp_read_ms"]), f(&v["proc_scan_ms"]));
+    let _ = writeln!(
+        s,
+        "\nWhere the CPU goes (measured here on a thread of the harness): one read of /proc/net/tcp and tcp6, as every port probe does, costs {tcp:.2} ms of CPU (the kernel walks its TCP hash tables, even for an empty tcp6), 12 times a minute at the 5 s interval: {:.0} ms a minute, {:.3} % of a core. One pass over every /proc/<pid>/stat ({} processes), as exec mode's process tree refresh does once a second, costs {scan:.2} ms: {:.0} ms a minute, {:.3} % of a core.",
+        tcp * 12.0,
+        tcp * 12.0 / 600.0,
+        v["visible_processes"],
+        scan * 60.0,
+        scan * 60.0 / 600.0
+    );
+}
+
+/// Scenario 3: the latency of real OOM kills, against the target.
+fn oom_table(s: &mut String, v: &Value) {
+    let _ = writeln!(
+        s,
+        "\n**OOM to annotation** (`trainlet exec --report`, real kernel OOM kills of CMD's child in a memory cgroup; from CMD seeing the victim's exit to `trainlet.io/oom-kills` seen through a watch):\n"
+    );
+    if let Some(why) = v["skipped"].as_str() {
+        let _ = writeln!(s, "Skipped: {why}.");
+        return;
+    }
+    let median = f(&v["median_ms"]);
+    let target = f(&v["target_median_ms"]);
+    let _ = writeln!(
+        s,
+        "| kills seen | median | min | max | target (median) | met |\n|---|---|---|---|---|---|"
+    );
+    let _ = writeln!(
+        s,
+        "| {} | {:.0} ms | {:.0} ms | {:.0} ms | ≤ {:.0} ms | {} |",
+        v["kills"],
+        median,
+        f(&v["min_ms"]),
+        f(&v["max_ms"]),
+        target,
+        met(median <= target && v["error"].is_null())
+    );
+    let each: Vec<String> = v["latency_ms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| format!("{:.0}", f(x)))
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nEach kill, ms: {}. Memory limit {} MiB; the next hog starts {} s after an annotation is seen. Victims' exit statuses: {}; the kernel counted {} OOM kills; `trainlet.io/oom-kills` ends at {}; {} of the {} kills in the report name the victim `memhog`; {} OOMKill Events; OOM source: {}; trainlet exited {}.",
+        each.join(", "),
+        v["memory_limit_mib"],
+        f(&v["gap_s"]),
+        v["victim_exit_status"],
+        v["kernel_oom_kills"],
+        v["annotation_final"].as_str().unwrap_or(""),
+        v["victims_named"],
+        v["recent_listed"],
+        v["oom_events"],
+        v["oom_source"].as_str().unwrap_or(""),
+        v["exit_code"]
+    );
+    if v["to_logged_kill_ms"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty())
+    {
+        let _ = writeln!(
+            s,
+            "\nThe latency split by trainlet's log (medians): from the exit to trainlet logging the kill (the cgroup's eventfd, its counters, naming the victim) {:.0} ms; to the annotation patch answered {:.0} ms; to the watch event {:.0} ms (the log line follows the answer, so this part can be slightly negative).",
+            f(&v["median_to_logged_kill_ms"]),
+            f(&v["median_to_patched_ms"]),
+            f(&v["median_to_watch_ms"])
+        );
+    }
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(s, "\n**Error**: {e}.");
+    }
 }
 
 /// Two panels, p99 latency and peak RSS against N (log2 axis), trainlet vs kubectl.

@@ -6,8 +6,10 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::footprint;
+use crate::oom;
 use crate::report;
 use crate::resolve::{self, Tool};
+use crate::sidecar;
 use crate::support;
 
 pub async fn run_all() {
@@ -70,6 +72,21 @@ pub async fn run_all() {
             );
         }
     }
+    let rest = if want("sidecar") {
+        eprintln!(
+            "bench: sidecar and exec --report at rest, {} s",
+            sidecar::WINDOW.as_secs()
+        );
+        Some(sidecar::run(&client, &cp.kubeconfig).await)
+    } else {
+        None
+    };
+    let oom_latency = if want("oom") {
+        eprintln!("bench: OOM to annotation, {} kernel OOM kills", oom::KILLS);
+        Some(oom::run(&client, &cp.kubeconfig).await)
+    } else {
+        None
+    };
     let foot = want("footprint").then(|| footprint::measure(bin));
 
     let results = json!({
@@ -77,6 +94,8 @@ pub async fn run_all() {
         "commit": report::commit(),
         "resolve": resolves,
         "footprint": foot,
+        "sidecar": rest,
+        "oom": oom_latency,
     });
     report::write(&results);
 }
