@@ -41,7 +41,8 @@ use crate::{Code, Failure};
 const OOM_POLL: Duration = Duration::from_millis(250);
 /// How long a process of CMD's tree stays a candidate victim after it was last seen.
 const RECENT: Duration = Duration::from_secs(5);
-/// How often exec mode refreshes its snapshot of CMD's process tree.
+/// How often exec mode refreshes its snapshot of CMD's process tree while it polls
+/// for OOM kills (no notifier available).
 const TREE_REFRESH: Duration = Duration::from_secs(1);
 /// Every API call gets at most this long: a server that accepts connections but
 /// never answers must not stall the reporter.
@@ -1084,9 +1085,11 @@ impl Engine {
                 } else {
                     OOM_POLL
                 })
-            } else if self.cfg.mode == Mode::Exec {
-                Some(TREE_REFRESH)
             } else {
+                // With an OOM notifier (v1 eventfd, v2 inotify) exec mode needs no
+                // fast tick: the probe refreshes CMD's tree every --interval and a
+                // notification refreshes it at once, while the victim is still in
+                // /proc. A 1 s tree refresh here cost 0.1-0.2 % of a core at rest.
                 None
             };
             let publish_at = self.next_publish.unwrap_or_else(far);
