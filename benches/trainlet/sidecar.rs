@@ -31,11 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::PostParams;
-use kube::config::Kubeconfig;
-use kube::{Api, Client};
+use kube::Client;
 use serde::Serialize;
 
 use crate::metrics::{Scrape, agent_cost, scrape};
@@ -129,47 +125,8 @@ pub async fn rbac_namespace(
     dir: &Path,
 ) -> (String, PathBuf) {
     let ns = support::namespace(client, prefix).await;
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["apply", "-n", &ns, "-f"])
-        .arg(support::repo().join("manifests/rbac.yaml"))
-        .output()
-        .expect("kubectl is installed");
-    assert!(
-        out.status.success(),
-        "kubectl apply rbac.yaml: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-        .create_token_request("trainlet", &PostParams::default(), &req)
-        .await
-        .expect("TokenRequest for the trainlet ServiceAccount")
-        .status
-        .expect("token status")
-        .token;
-    let admin = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let c = admin.clusters[0].cluster.as_ref().unwrap();
-    let (server, ca) = (
-        c.server.clone().unwrap(),
-        c.certificate_authority_data.clone().unwrap(),
-    );
-    let path = dir.join("trainlet.kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: trainlet\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: trainlet\n    namespace: {ns}\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap();
+    support::apply_rbac_on(kubeconfig, &ns);
+    let path = support::sa_kubeconfig_on(kubeconfig, client, &ns, "trainlet", dir).await;
     (ns, path)
 }
 

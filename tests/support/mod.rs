@@ -70,7 +70,12 @@ pub async fn admin() -> Client {
 
 /// The API server's URL and CA, for building other kubeconfigs.
 pub fn server_and_ca() -> (String, String) {
-    let kc = Kubeconfig::read_from(kubeconfig()).unwrap();
+    server_and_ca_of(kubeconfig())
+}
+
+/// The URL and CA of the control plane of an admin kubeconfig (shared or private).
+pub fn server_and_ca_of(admin_kubeconfig: &Path) -> (String, String) {
+    let kc = Kubeconfig::read_from(admin_kubeconfig).unwrap();
     let c = kc.clusters[0].cluster.as_ref().unwrap();
     (
         c.server.clone().unwrap(),
@@ -360,13 +365,23 @@ pub fn now() -> String {
 
 /// Applies manifests/rbac.yaml into the namespace, as a user would (`kubectl apply`).
 pub fn apply_rbac(ns: &str) {
-    kubectl(&[
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        repo().join("manifests/rbac.yaml").to_str().unwrap(),
-    ]);
+    apply_rbac_on(kubeconfig(), ns);
+}
+
+/// `apply_rbac` on the control plane of this admin kubeconfig.
+pub fn apply_rbac_on(admin_kubeconfig: &Path, ns: &str) {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(admin_kubeconfig)
+        .args(["apply", "-n", ns, "-f"])
+        .arg(repo().join("manifests/rbac.yaml"))
+        .output()
+        .expect("kubectl is installed");
+    assert!(
+        out.status.success(),
+        "kubectl apply rbac.yaml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs kubectl with the admin kubeconfig and asserts success; returns stdout.
@@ -388,6 +403,17 @@ pub fn kubectl(args: &[&str]) -> String {
 /// Mints a token for a ServiceAccount through the TokenRequest API and writes a
 /// kubeconfig that uses it, so the binary runs with exactly the rights RBAC grants.
 pub async fn sa_kubeconfig(client: &Client, ns: &str, sa: &str, dir: &Path) -> PathBuf {
+    sa_kubeconfig_on(kubeconfig(), client, ns, sa, dir).await
+}
+
+/// `sa_kubeconfig` on the control plane of this admin kubeconfig.
+pub async fn sa_kubeconfig_on(
+    admin_kubeconfig: &Path,
+    client: &Client,
+    ns: &str,
+    sa: &str,
+    dir: &Path,
+) -> PathBuf {
     let req = TokenRequest {
         spec: TokenRequestSpec {
             audiences: vec![],
@@ -403,7 +429,7 @@ pub async fn sa_kubeconfig(client: &Client, ns: &str, sa: &str, dir: &Path) -> P
         .status
         .expect("token status")
         .token;
-    let (server, ca) = server_and_ca();
+    let (server, ca) = server_and_ca_of(admin_kubeconfig);
     let path = dir.join(format!("{sa}.kubeconfig"));
     std::fs::write(
         &path,
