@@ -500,6 +500,36 @@ async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
     assert_eq!(list_dir(out.path()), Vec::<String>::new());
 }
 
+/// A ServiceAccount bound to a Role with only these verbs on pods, and its kubeconfig.
+async fn sa_with_pod_role(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    verbs: &str,
+    dir: &Path,
+) -> std::path::PathBuf {
+    kubectl(&["create", "serviceaccount", name, "-n", ns]);
+    kubectl(&[
+        "create",
+        "role",
+        name,
+        "-n",
+        ns,
+        &format!("--verb={verbs}"),
+        "--resource=pods",
+    ]);
+    kubectl(&[
+        "create",
+        "rolebinding",
+        name,
+        "-n",
+        ns,
+        &format!("--role={name}"),
+        &format!("--serviceaccount={ns}:{name}"),
+    ]);
+    sa_kubeconfig(client, ns, name, dir).await
+}
+
 #[tokio::test]
 async fn rbac_from_the_manifests_suffices_and_a_missing_watch_is_named() {
     let client = admin().await;
@@ -539,26 +569,7 @@ async fn rbac_from_the_manifests_suffices_and_a_missing_watch_is_named() {
 
     // A Role that can read pods but neither patch them nor write Events: the files are
     // what the job needs, so init warns and succeeds.
-    kubectl(&["create", "serviceaccount", "readonly", "-n", &ns]);
-    kubectl(&[
-        "create",
-        "role",
-        "readonly",
-        "-n",
-        &ns,
-        "--verb=get,list,watch",
-        "--resource=pods",
-    ]);
-    kubectl(&[
-        "create",
-        "rolebinding",
-        "readonly",
-        "-n",
-        &ns,
-        "--role=readonly",
-        &format!("--serviceaccount={ns}:readonly"),
-    ]);
-    let kc = sa_kubeconfig(&client, &ns, "readonly", dir.path()).await;
+    let kc = sa_with_pod_role(&client, &ns, "readonly", "get,list,watch", dir.path()).await;
     let out = tempfile::tempdir().unwrap();
     let r = run(&mut init_cmd(
         &kc,
@@ -592,26 +603,7 @@ async fn rbac_from_the_manifests_suffices_and_a_missing_watch_is_named() {
     // A Role without watch: exit 4, naming the verb and the resource. (With every peer
     // ready at the first list, no watch is needed and none is made; so a second peer is
     // still missing here, as it is when init containers start.)
-    kubectl(&["create", "serviceaccount", "limited", "-n", &ns]);
-    kubectl(&[
-        "create",
-        "role",
-        "limited",
-        "-n",
-        &ns,
-        "--verb=get,list,patch",
-        "--resource=pods",
-    ]);
-    kubectl(&[
-        "create",
-        "rolebinding",
-        "limited",
-        "-n",
-        &ns,
-        "--role=limited",
-        &format!("--serviceaccount={ns}:limited"),
-    ]);
-    let kc = sa_kubeconfig(&client, &ns, "limited", dir.path()).await;
+    let kc = sa_with_pod_role(&client, &ns, "limited", "get,list,patch", dir.path()).await;
     let out = tempfile::tempdir().unwrap();
     let r = run(&mut init_cmd(
         &kc,
