@@ -1,6 +1,5 @@
 //! What trainlet tells the cluster about its own pod: annotations (JSON merge patch of
-//! only the keys that changed) and Events (events.k8s.io/v1, through kube-runtime's
-//! recorder, which also folds repeats into a series).
+//! only the keys that changed) and Events (events.k8s.io/v1).
 //!
 //! Publishing is best effort for `init`: a missing RBAC verb here is logged as a warning,
 //! because the TF_CONFIG files are what the job needs, not the annotation.
@@ -18,7 +17,6 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use thiserror::Error;
 
@@ -46,24 +44,20 @@ pub enum PublishError {
 #[derive(Clone)]
 pub struct Publisher {
     api: Api<Pod>,
+    events: Api<K8sEvent>,
     pod_name: String,
     namespace: String,
     reference: ObjectReference,
-    recorder: Recorder,
 }
 
 impl Publisher {
     pub fn new(client: Client, pod: &Pod) -> Self {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let reporter = Reporter {
-            controller: "trainlet".into(),
-            instance: Some(pod_name.clone()),
-        };
         Publisher {
             api: Api::namespaced(client.clone(), &namespace),
+            events: Api::namespaced(client, &namespace),
             reference: pod.object_ref(&()),
-            recorder: Recorder::new(client, reporter),
             pod_name,
             namespace,
         }
@@ -89,11 +83,12 @@ impl Publisher {
         Ok(())
     }
 
-    /// Creates a new Warning Event on the pod, never folded into an earlier one: each
-    /// OOM kill or conflict is its own fact with its own message. (kube-runtime's
-    /// recorder folds Events of one reason into a series that keeps the first note.)
-    /// The caller rate-limits with [`EventBudget`].
-    pub async fn warning(&self, reason: &str, note: &str) -> Result<(), PublishError> {
+    /// Creates a new Event on the pod, never folded into an earlier one: each OOM kill
+    /// or conflict is its own fact with its own message (kube-runtime's recorder folds
+    /// Events of one reason into a series that keeps the first note). `reason` is
+    /// PascalCase; the note is cut at 1 kB. The reporters rate-limit with
+    /// [`EventBudget`]; `init` emits at most two.
+    pub async fn event(&self, warning: bool, reason: &str, note: &str) -> Result<(), PublishError> {
         let now = k8s_openapi::jiff::Timestamp::now();
         let ev = K8sEvent {
             action: Some(reason.into()),
@@ -108,34 +103,19 @@ impl Publisher {
             },
             reporting_controller: Some("trainlet".into()),
             reporting_instance: Some(truncate(&self.pod_name, 128)),
-            type_: Some("Warning".into()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             ..Default::default()
         };
-        Api::<K8sEvent>::namespaced(self.api.clone().into_client(), &self.namespace)
+        self.events
             .create(&PostParams::default(), &ev)
             .await
             .map_err(|e| classify(&e, "create", "events", &self.namespace))?;
         Ok(())
     }
 
-    /// Emits an Event on the pod. `reason` is PascalCase, `note` at most 1 kB.
-    pub async fn event(&self, warning: bool, reason: &str, note: &str) -> Result<(), PublishError> {
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(truncate(note, 1024)),
-            action: reason.into(),
-            secondary: None,
-        };
-        self.recorder
-            .publish(&ev, &self.reference)
-            .await
-            .map_err(|e| classify(&e, "create", "events", &self.namespace))?;
-        Ok(())
+    /// A Warning Event: see [`Publisher::event`].
+    pub async fn warning(&self, reason: &str, note: &str) -> Result<(), PublishError> {
+        self.event(true, reason, note).await
     }
 }
 
