@@ -22,8 +22,6 @@ pub enum Code {
     Inconsistent = 5,
     /// A port is already in use in this pod's network namespace.
     PortConflict = 6,
-    /// The subcommand exists but is not implemented yet.
-    NotImplemented = 70,
     /// `exec`: the command exists but cannot be executed (as in shells).
     CannotExecute = 126,
     /// `exec`: the command was not found (as in shells).
@@ -56,10 +54,6 @@ impl Failure {
 
     pub fn usage(message: impl Into<String>) -> Self {
         Failure::new(Code::Usage, message)
-    }
-
-    pub fn not_implemented(what: &str) -> Self {
-        Failure::new(Code::NotImplemented, format!("{what}: not implemented yet"))
     }
 }
 
