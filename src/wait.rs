@@ -30,14 +30,14 @@ pub enum Scope {
 }
 
 impl Scope {
-    fn api(&self, client: &Client) -> Api<PeerPod> {
+    pub(crate) fn api(&self, client: &Client) -> Api<PeerPod> {
         match self {
             Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
             Scope::All => Api::all(client.clone()),
         }
     }
 
-    fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         match self {
             Scope::Namespace(ns) => ns,
             Scope::All => "(all namespaces)",
@@ -240,12 +240,14 @@ async fn watch(
             continue;
         }
 
+        // A pod that several selectors match is in several stores: count it once, by
+        // the store's key (no allocation on this per-batch path).
         let mut seen = std::collections::HashSet::new();
         let pods: Vec<&Pod> = stores
             .iter()
-            .flat_map(|s| s.values())
-            .map(|p| &p.0)
-            .filter(|p| seen.insert(key(p)))
+            .flat_map(|s| s.iter())
+            .filter(|(k, _)| seen.insert(k.as_str()))
+            .map(|(_, p)| &p.0)
             .collect();
 
         // Fill in the counts that --expect did not give, from the owning controllers.

@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, HashSet};
 
 use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::ListParams;
-use kube::{Api, Client};
 use serde::Serialize;
 
 use super::ClusterConfig;
 use crate::cli::{ClusterArgs, KubeArgs};
+use crate::cluster::slim::PeerPod;
 use crate::cluster::{Assessment, Cluster, Task, is_live, phase, readiness};
 use crate::kube::classify;
 use crate::wait::Scope;
@@ -108,16 +109,13 @@ pub async fn resolve_once(
     Ok((cluster, task))
 }
 
-/// One list per distinct selector, deduplicated by uid.
+/// One list per distinct selector, deduplicated by uid, parsed into the slim view.
 async fn list_peers(
     client: &Client,
     scope: &Scope,
     cfg: &ClusterConfig,
 ) -> Result<Vec<Pod>, Failure> {
-    let (api, ns): (Api<Pod>, &str) = match scope {
-        Scope::Namespace(ns) => (Api::namespaced(client.clone(), ns), ns),
-        Scope::All => (Api::all(client.clone()), "(all namespaces)"),
-    };
+    let api = scope.api(client);
     let mut seen_sel = HashSet::new();
     let mut seen_uid = HashSet::new();
     let mut out = Vec::new();
@@ -129,8 +127,8 @@ async fn list_peers(
         let list = api
             .list(&ListParams::default().labels(&sel))
             .await
-            .map_err(|e| classify(&e, "list", "pods", ns))?;
-        for p in list.items {
+            .map_err(|e| classify(&e, "list", "pods", scope.label()))?;
+        for PeerPod(p) in list.items {
             if seen_uid.insert(p.metadata.uid.clone().unwrap_or_default()) {
                 out.push(p);
             }
