@@ -34,6 +34,29 @@ impl From<Code> for std::process::ExitCode {
     }
 }
 
+/// How the process ends: with one of trainlet's codes, or (`exec --report`) with the
+/// status of the command it ran, which trainlet passes on as a shell would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(Code),
+    /// CMD's exit code, or 128+signal.
+    Child(i32),
+}
+
+impl Exit {
+    pub const OK: Exit = Exit::Code(Code::Ok);
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(exit: Exit) -> Self {
+        match exit {
+            Exit::Code(code) => code.into(),
+            // The kernel keeps the low 8 bits of an exit status.
+            Exit::Child(status) => std::process::ExitCode::from((status & 0xff) as u8),
+        }
+    }
+}
+
 /// An error that ends the process: its one-line message and its exit code.
 ///
 /// Every module's error enum converts into this, so `main` can print one line and exit

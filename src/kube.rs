@@ -12,8 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use thiserror::Error;
 
-use crate::cli::KubeArgs;
-use crate::{Code, Failure};
+use crate::Code;
 
 /// The service account's namespace file, present in every pod that mounts its token.
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -23,7 +22,7 @@ pub enum KubeError {
     #[error("cannot load kubeconfig {path}: {why}")]
     Kubeconfig { path: PathBuf, why: String },
     #[error(
-        "no Kubernetes configuration: not in a cluster ({incluster}) and no kubeconfig ({kubeconfig}); pass --kubeconfig"
+        "no Kubernetes configuration: not in a cluster ({incluster}) and no kubeconfig ({kubeconfig})"
     )]
     NoConfig {
         incluster: String,
@@ -31,9 +30,7 @@ pub enum KubeError {
     },
     #[error("cannot build the Kubernetes client: {0}")]
     Client(String),
-    #[error(
-        "cannot tell this pod's name: pass --pod-name or set POD_NAME from the downward API (metadata.name)"
-    )]
+    #[error("cannot tell this pod's name")]
     NoPodName,
     #[error(
         "forbidden: cannot {verb} {resource} in namespace {namespace:?}: the Role bound to {user} lacks verb {verb:?} on {resource:?}; apply manifests/rbac.yaml ({message})"
@@ -73,19 +70,17 @@ pub enum KubeError {
     },
 }
 
-impl From<KubeError> for Failure {
-    fn from(e: KubeError) -> Self {
-        let code = match e {
+impl KubeError {
+    /// A configuration the user must fix (exit 2), or the API server's answer (exit 4).
+    pub fn code(&self) -> Code {
+        match self {
             KubeError::Kubeconfig { .. } | KubeError::NoConfig { .. } | KubeError::NoPodName => {
                 Code::Usage
             }
             _ => Code::Api,
-        };
-        Failure::new(code, e.to_string())
+        }
     }
-}
 
-impl KubeError {
     /// Whether retrying can help: network trouble and server-side 5xx/429, but not RBAC.
     pub fn is_transient(&self) -> bool {
         matches!(self, KubeError::Unreachable { .. })
@@ -155,8 +150,49 @@ pub fn root_cause(err: &dyn std::error::Error) -> String {
     cur.to_string()
 }
 
-/// Builds the client: --kubeconfig, else in-cluster, else $KUBECONFIG/~/.kube/config.
-/// Returns the client and the namespace its config defaults to.
+/// How to reach the API server and who "self" is: what the user gave, before the
+/// environment's defaults are applied.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// A kubeconfig file; `None`: in-cluster, then `$KUBECONFIG`, then `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The own pod's name; `None`: `$POD_NAME`, then `$HOSTNAME`.
+    pub pod_name: Option<String>,
+    /// The own pod's namespace; `None`: `$POD_NAMESPACE`, the service account's
+    /// namespace file, then the kubeconfig's default.
+    pub pod_namespace: Option<String>,
+}
+
+impl Settings {
+    /// The pod name from the setting, $POD_NAME, then $HOSTNAME (which Kubernetes sets
+    /// to the pod name unless the pod sets `hostname`).
+    pub fn pod_name(&self) -> Option<String> {
+        self.pod_name
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The namespace from the setting, $POD_NAMESPACE, the service account's namespace
+    /// file, then the kubeconfig's default.
+    pub fn pod_namespace(&self, config_default: &str) -> String {
+        self.pod_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .or_else(|| {
+                std::fs::read_to_string(SA_NAMESPACE_FILE)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| config_default.to_string())
+    }
+}
+
+/// Builds the client: the kubeconfig setting, else in-cluster, else
+/// $KUBECONFIG/~/.kube/config. Returns the client and the namespace its config defaults
+/// to.
 pub async fn client(kubeconfig: Option<&Path>) -> Result<(Client, String), KubeError> {
     let config = match kubeconfig {
         Some(path) => {
@@ -193,29 +229,22 @@ pub struct Identity {
     pub namespace: String,
 }
 
-/// The pod name from --pod-name, $POD_NAME, then $HOSTNAME (which Kubernetes sets to the
-/// pod name unless the pod sets `hostname`).
-pub fn pod_name(args: &KubeArgs) -> Option<String> {
-    args.pod_name
-        .clone()
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|s| !s.is_empty())
+/// The client and the own identity; no request is made yet.
+pub async fn connect(settings: &Settings) -> Result<(Client, Identity), KubeError> {
+    let (client, default_ns) = client(settings.kubeconfig.as_deref()).await?;
+    let id = Identity {
+        pod_name: settings.pod_name().ok_or(KubeError::NoPodName)?,
+        namespace: settings.pod_namespace(&default_ns),
+    };
+    Ok((client, id))
 }
 
-/// The namespace from --pod-namespace, $POD_NAMESPACE, the service account's namespace
-/// file, then the kubeconfig's default.
-pub fn pod_namespace(args: &KubeArgs, config_default: &str) -> String {
-    args.pod_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .or_else(|| {
-            std::fs::read_to_string(SA_NAMESPACE_FILE)
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| config_default.to_string())
+/// The client, the own identity, and the pre-flight GET of the own pod: what every
+/// workflow that acts on its own pod starts with.
+pub async fn connect_own_pod(settings: &Settings) -> Result<(Client, Identity, Pod), KubeError> {
+    let (client, id) = connect(settings).await?;
+    let pod = get_own_pod(&client, &id).await?;
+    Ok((client, id, pod))
 }
 
 /// The pre-flight call: GET the own pod. It proves the credentials work and that RBAC
@@ -252,6 +281,6 @@ mod tests {
             ),
             "{e}"
         );
-        assert_eq!(Failure::from(e).code, Code::Api);
+        assert_eq!(e.code(), Code::Api);
     }
 }

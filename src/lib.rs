@@ -8,16 +8,26 @@
 //! - `trainlet sidecar` (or `trainlet exec --report`) reports GPU counts, port conflicts
 //!   and OOM kills to the pod's annotations, to Events and to Prometheus.
 //!
-//! The layout follows the concerns: pure logic (selectors, ordering, rendering, `/proc`
-//! and cgroup parsing) lives in functions without I/O; the `cmd` modules are the edges
-//! that talk to the API server, the kernel and the file system.
+//! Dependencies run one way: `main` → [`cli`] (clap, lowering flags into configs,
+//! explaining errors) → [`cmd`] (one thin edge per subcommand) → the domain. The domain
+//! modules never import `cli` or `cmd`:
+//! - workflows: [`bootstrap`] (init), [`peers`] (list and watch the peer pods),
+//!   [`report`] (probes, the reporter engine), [`inject`];
+//! - pure logic: [`cluster`] (selectors, readiness, order, addresses), [`tfconfig`]
+//!   (rendering), and the pure halves of `report` (`engine::state`, parsers);
+//! - edges to the outside: [`kube`] (client, identity), [`publish`] (annotations,
+//!   Events), [`metrics`] (`/metrics`), [`signal`], [`logging`]; [`exit`] is the
+//!   contract of exit codes that every layer shares.
 #![deny(unsafe_code)]
 
-/// Command-line interface: clap definitions shared by every subcommand.
+/// The init workflow: wait, resolve, check the port, write, annotate, install.
+pub mod bootstrap;
+/// The command line: clap definitions, lowering flags into configs, defaults, and
+/// error messages that name the flag to fix.
 pub mod cli;
-/// Label selectors, peers, ordering, addresses and expected counts (pure).
+/// Job types, peers, readiness, ordering and addresses (pure).
 pub mod cluster;
-/// One module per subcommand: the I/O edges that glue the pure parts together.
+/// One thin module per subcommand: lower the flags, run one workflow, print.
 pub mod cmd;
 /// Exit codes, on purpose, one per kind of failure.
 pub mod exit;
@@ -29,15 +39,16 @@ pub mod kube;
 pub mod logging;
 /// Prometheus metrics and the admin HTTP server (`/metrics`, `/livez`, `/readyz`).
 pub mod metrics;
+/// The peer pods on the API server: one list (resolve) or a watch until complete (init).
+pub mod peers;
 /// Annotations (merge patch, only on change) and Events on the own pod.
 pub mod publish;
-/// The reporters: GPUs through NVML, ports from `/proc/net`, OOM kills from cgroups.
+/// The reporters: GPUs through NVML, ports from `/proc/net`, OOM kills from cgroups,
+/// and the engine that publishes what they see.
 pub mod report;
 /// SIGTERM and SIGINT handling, and forwarding signals to a child.
 pub mod signal;
 /// TF_CONFIG and the other output files (pure rendering), and the atomic writer.
 pub mod tfconfig;
-/// Waiting until the peer set is complete, through one list plus watch.
-pub mod wait;
 
-pub use exit::{Code, Failure};
+pub use exit::{Code, Exit, Failure};

@@ -3,13 +3,15 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::Failure;
-use crate::cli::LogFormat;
+/// The log line format. Derives `clap::ValueEnum` so the CLI can offer it as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
-/// Installs the global subscriber. An invalid filter is a usage error (exit 2).
-pub fn init(format: LogFormat, filter: &str) -> Result<(), Failure> {
-    let filter = EnvFilter::try_new(filter)
-        .map_err(|e| Failure::usage(format!("invalid --log-level {filter:?}: {e}")))?;
+/// Installs the global subscriber with an already validated filter.
+pub fn init(format: LogFormat, filter: EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -22,5 +24,4 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), Failure> {
     };
     // A second init (only possible in tests) keeps the first subscriber.
     let _ = result;
-    Ok(())
 }

@@ -1,11 +1,13 @@
-//! The `trainlet` binary: parse the command line, set up logging, dispatch, and turn the
-//! outcome into an exit code. Everything else lives in the library.
+//! The `trainlet` binary: parse the command line, set up logging, run the subcommand,
+//! and turn the outcome into the process's exit status. This is the only place the
+//! process ends: with one of trainlet's codes, or with the status of the command that
+//! `exec --report` ran.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use clap::error::ErrorKind;
-use trainlet::cli::Cli;
+use trainlet::cli::{Cli, lower};
 use trainlet::{Code, Failure};
 
 fn main() -> ExitCode {
@@ -13,11 +15,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
-    if let Err(f) = trainlet::logging::init(cli.log_format, &cli.log_level) {
-        return fail(f);
+    match lower::log_filter(&cli.log_level) {
+        Ok(filter) => trainlet::logging::init(cli.log_format, filter),
+        Err(f) => return fail(f),
     }
     match trainlet::cmd::run(cli.command) {
-        Ok(code) => code.into(),
+        Ok(exit) => exit.into(),
         Err(f) => fail(f),
     }
 }

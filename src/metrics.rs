@@ -28,7 +28,7 @@ use prometheus_client::registry::Registry;
 use thiserror::Error;
 use tracing::{debug, info};
 
-use crate::{Code, Failure};
+use crate::Code;
 
 /// The OpenMetrics content type that Prometheus negotiates.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -37,34 +37,18 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
-    #[error("cannot serve metrics on {addr}: {source} (pass another --metrics-addr, or `off`)")]
+    #[error("cannot serve metrics on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("invalid --metrics-addr {0:?}: use HOST:PORT such as 0.0.0.0:9464, or `off`")]
-    Addr(String),
 }
 
-impl From<MetricsError> for Failure {
-    fn from(e: MetricsError) -> Self {
-        let code = match e {
-            MetricsError::Bind { .. } => Code::PortConflict,
-            MetricsError::Addr(_) => Code::Usage,
-        };
-        Failure::new(code, e.to_string())
+impl MetricsError {
+    /// The address is taken: a port conflict, like any other.
+    pub fn code(&self) -> Code {
+        Code::PortConflict
     }
-}
-
-/// Parses `--metrics-addr`: `HOST:PORT`, `[::]:PORT`, or `off`.
-pub fn parse_addr(value: &str) -> Result<Option<SocketAddr>, MetricsError> {
-    let v = value.trim();
-    if v.eq_ignore_ascii_case("off") || v.is_empty() {
-        return Ok(None);
-    }
-    v.parse()
-        .map(Some)
-        .map_err(|_| MetricsError::Addr(value.to_string()))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -362,24 +346,6 @@ mod tests {
         }
         assert!(!text.contains("# EOF"));
         assert!(!text.contains("# TYPE trainlet_oom_kills counter"));
-    }
-
-    #[test]
-    fn metrics_addr() {
-        assert_eq!(parse_addr("off").unwrap(), None);
-        assert_eq!(
-            parse_addr("0.0.0.0:9464").unwrap(),
-            Some("0.0.0.0:9464".parse().unwrap())
-        );
-        assert_eq!(
-            parse_addr("[::]:9464").unwrap(),
-            Some("[::]:9464".parse().unwrap())
-        );
-        let e = parse_addr("localhost").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
-        );
     }
 
     #[test]

@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cluster::{Cluster, Peer, Task};
-use crate::{Code, Failure};
 
 pub const TF_CONFIG_FILE: &str = "tf_config.json";
 pub const ENV_FILE: &str = "trainlet.env";
@@ -26,7 +25,7 @@ pub const CLUSTER_FILE: &str = "cluster.json";
 
 #[derive(Debug, Error)]
 pub enum OutputError {
-    #[error("cannot write {path}: {source} (is --output-dir a writable volume?)")]
+    #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
         source: std::io::Error,
@@ -40,9 +39,10 @@ pub enum OutputError {
     Invalid { path: PathBuf, why: String },
 }
 
-impl From<OutputError> for Failure {
-    fn from(e: OutputError) -> Self {
-        Failure::new(Code::Internal, e.to_string())
+impl OutputError {
+    /// A local file problem: internal, unless the message's hint helps the user.
+    pub fn code(&self) -> crate::Code {
+        crate::Code::Internal
     }
 }
 
@@ -66,6 +66,17 @@ impl TfConfig {
             task,
             environment,
         }
+    }
+
+    /// The own task's server port: the port its process is about to listen on.
+    pub fn own_port(&self) -> Option<u16> {
+        self.cluster
+            .get(&self.task.task_type)?
+            .get(self.task.index)?
+            .rsplit_once(':')?
+            .1
+            .parse()
+            .ok()
     }
 
     /// Compact JSON, the exact value of the TF_CONFIG variable.

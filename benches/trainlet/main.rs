@@ -25,11 +25,13 @@
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`.
 
-#[path = "../../tests/support/mod.rs"]
+// The integration tests' support code (tests/it/main.rs explains the layout): both at
+// this crate's root, as there, so `report_support` reaches `crate::support` in both.
+#[path = "../../tests/it/support/mod.rs"]
 #[allow(unused_imports)]
 mod support;
 
-#[path = "../../tests/report_support/mod.rs"]
+#[path = "../../tests/it/report_support.rs"]
 mod report_support;
 
 mod footprint;

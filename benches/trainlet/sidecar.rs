@@ -116,7 +116,7 @@ pub struct Outcome {
 }
 
 /// A namespace with manifests/rbac.yaml applied and a kubeconfig of the `trainlet`
-/// ServiceAccount, on the control plane of `kubeconfig` (tests/support's helpers
+/// ServiceAccount, on the control plane of `kubeconfig` (tests/it/support's helpers
 /// use the shared one).
 pub async fn rbac_namespace(
     client: &Client,

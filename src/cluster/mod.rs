@@ -8,6 +8,7 @@
 //! - this pod's own task is resolved, not left to the user;
 //! - a peer that is not ready yet is waited for, not an exception.
 
+pub mod config;
 pub mod order;
 pub mod selector;
 pub mod slim;
@@ -18,35 +19,92 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::cli::{AddressMode, OrderMode, ReadyMode};
-use crate::{Code, Failure};
+use crate::Code;
+pub use config::{ClusterConfig, Namespaces};
 use selector::{Selector, SelectorExt};
 
 /// Errors in the cluster's definition or in the peers found.
+///
+/// The messages say what is wrong in the cluster's own terms; `cli::lower` adds the flag
+/// that fixes it where one does (`--task-type`, `--address dns`), because only the CLI
+/// knows its flags.
 #[derive(Debug, Error, PartialEq)]
 pub enum ClusterError {
-    #[error("invalid --job {0:?}: {1}")]
-    JobFlag(String, String),
-    #[error("invalid --job-to-label-mapping: {0}")]
-    Mapping(String),
-    #[error("no jobs given: pass --job TYPE=SELECTOR (repeatable) or --job-to-label-mapping JSON")]
-    NoJobs,
-    #[error("invalid --expect {0:?}: {1}")]
-    Expect(String, String),
     #[error("{0}")]
     Inconsistent(String),
-    #[error("{0}")]
-    Config(String),
+    /// The own pod matches no job type's selectors.
+    #[error(
+        "this pod {pod:?} matches none of the job selectors ({jobs}); fix its labels or the selectors"
+    )]
+    OwnPodUnmatched { pod: String, jobs: String },
+    /// The own pod matches the selectors of several job types.
+    #[error(
+        "this pod {pod:?} matches the selectors of several job types ({types}); make the selectors disjoint"
+    )]
+    OwnPodAmbiguous { pod: String, types: String },
+    /// An explicitly given own task type that the cluster does not have.
+    #[error("task type {task_type:?} is not a job type of the cluster ({summary})")]
+    TaskTypeNotInCluster { task_type: String, summary: String },
+    /// An explicitly given own task index beyond the type's tasks.
+    #[error("task index {index} is out of range: {task_type} has {tasks} tasks")]
+    TaskIndexOutOfRange {
+        index: usize,
+        task_type: String,
+        tasks: usize,
+    },
+    /// DNS addresses were asked for, but a peer has no stable DNS name.
+    #[error(
+        "pod {pod:?} has no spec.hostname and spec.subdomain, which DNS addresses need ({DNS_ADVICE})"
+    )]
+    NoDnsName { pod: String },
 }
 
-impl From<ClusterError> for Failure {
-    fn from(e: ClusterError) -> Self {
-        let code = match e {
-            ClusterError::Inconsistent(_) => Code::Inconsistent,
+/// How to give pods stable DNS names, for [`ClusterError::NoDnsName`].
+pub const DNS_ADVICE: &str = "use a StatefulSet with serviceName, or an Indexed Job with subdomain set, and a headless Service";
+
+impl ClusterError {
+    /// The exit code: a problem with the peers found is "inconsistent", anything else is
+    /// a configuration the user must change.
+    pub fn code(&self) -> Code {
+        match self {
+            ClusterError::Inconsistent(_)
+            | ClusterError::OwnPodUnmatched { .. }
+            | ClusterError::OwnPodAmbiguous { .. }
+            | ClusterError::TaskTypeNotInCluster { .. }
+            | ClusterError::TaskIndexOutOfRange { .. } => Code::Inconsistent,
             _ => Code::Usage,
-        };
-        Failure::new(code, e.to_string())
+        }
     }
+}
+
+/// How a task's address is formed. Derives `clap::ValueEnum` so the CLI can offer it
+/// as a flag value; the type itself belongs to the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AddressMode {
+    /// The pod IP.
+    PodIp,
+    /// The node's host IP, for `hostNetwork` pods.
+    HostIp,
+    /// `<hostname>.<subdomain>.<namespace>.svc.<cluster-domain>`.
+    Dns,
+}
+
+/// The order of tasks within a type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OrderMode {
+    /// The pods' own index (Job completion, StatefulSet, Kubeflow), else natural names.
+    Index,
+    /// TensorFlow's plain lexicographic order of names.
+    Name,
+}
+
+/// When a peer counts as ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadyMode {
+    /// Running (or Pending in its init containers) with an address.
+    Running,
+    /// Also the pod's Ready condition.
+    Ready,
 }
 
 /// One TensorFlow job type (`ps`, `worker`, ...) and the selectors of its pods, whose
@@ -57,73 +115,10 @@ pub struct Job {
     pub selectors: Vec<Selector>,
 }
 
-/// Parses repeated `--job TYPE=SELECTOR` flags. Types keep the order of their first
-/// appearance; several flags for one type append selectors.
-pub fn parse_job_flags(flags: &[String]) -> Result<Vec<Job>, ClusterError> {
-    let mut jobs: Vec<Job> = Vec::new();
-    for flag in flags {
-        let (ty, sel) = flag.split_once('=').ok_or_else(|| {
-            ClusterError::JobFlag(
-                flag.clone(),
-                "expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into(),
-            )
-        })?;
-        let ty = ty.trim();
-        validate_task_type(ty).map_err(|m| ClusterError::JobFlag(flag.clone(), m))?;
-        if sel.trim().is_empty() {
-            return Err(ClusterError::JobFlag(
-                flag.clone(),
-                "empty selector would match every pod in the namespace".into(),
-            ));
-        }
-        let sel = selector::parse(sel).map_err(|m| ClusterError::JobFlag(flag.clone(), m))?;
-        push_selector(&mut jobs, ty, sel);
-    }
-    if jobs.is_empty() {
-        return Err(ClusterError::NoJobs);
-    }
-    Ok(jobs)
-}
-
-/// Parses TensorFlow's `job_to_label_mapping`, e.g.
-/// `{"worker":["job-name=w"],"ps":["job-name=p"]}`. Types keep the JSON's order.
-pub fn parse_mapping(json: &str) -> Result<Vec<Job>, ClusterError> {
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
-        .map_err(|e| ClusterError::Mapping(format!("not a JSON object of lists: {e}")))?;
-    let mut jobs = Vec::new();
-    for (ty, sels) in map {
-        validate_task_type(&ty).map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
-        let list = match sels {
-            serde_json::Value::Array(a) => a,
-            serde_json::Value::String(s) => vec![serde_json::Value::String(s)],
-            _ => {
-                return Err(ClusterError::Mapping(format!(
-                    "job {ty:?}: expected a list of selector strings"
-                )));
-            }
-        };
-        if list.is_empty() {
-            return Err(ClusterError::Mapping(format!("job {ty:?}: no selectors")));
-        }
-        for s in list {
-            let s = s.as_str().ok_or_else(|| {
-                ClusterError::Mapping(format!("job {ty:?}: selectors must be strings"))
-            })?;
-            if s.trim().is_empty() {
-                return Err(ClusterError::Mapping(format!("job {ty:?}: empty selector")));
-            }
-            let sel = selector::parse(s)
-                .map_err(|m| ClusterError::Mapping(format!("job {ty:?}: {m}")))?;
-            push_selector(&mut jobs, &ty, sel);
-        }
-    }
-    if jobs.is_empty() {
-        return Err(ClusterError::NoJobs);
-    }
-    Ok(jobs)
-}
-
-fn push_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
+/// Adds a selector to a job type, creating the type after the existing ones: types keep
+/// the order of their first appearance, and several selectors of one type concatenate
+/// their pods in the order given, as TensorFlow does.
+pub fn add_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
     match jobs.iter_mut().find(|j| j.task_type == ty) {
         Some(j) => j.selectors.push(sel),
         None => jobs.push(Job {
@@ -135,7 +130,7 @@ fn push_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
 
 /// Task types become JSON keys and env values; keep them to what TensorFlow and the
 /// operators use (`chief`, `ps`, `worker`, `evaluator`, ...).
-fn validate_task_type(ty: &str) -> Result<(), String> {
+pub fn validate_task_type(ty: &str) -> Result<(), String> {
     let ok = ty.len() <= 63
         && ty.starts_with(|c: char| c.is_ascii_alphabetic())
         && ty
@@ -148,39 +143,6 @@ fn validate_task_type(ty: &str) -> Result<(), String> {
             "task type {ty:?} must start with a letter and contain only letters, digits, '_' and '-'"
         ))
     }
-}
-
-/// Parses `--expect TYPE=N[,TYPE=N...]`; every type must be one of the jobs.
-pub fn parse_expect(
-    flags: &[String],
-    jobs: &[Job],
-) -> Result<BTreeMap<String, usize>, ClusterError> {
-    let mut out = BTreeMap::new();
-    for flag in flags.iter().filter(|f| !f.trim().is_empty()) {
-        let err = |m: &str| ClusterError::Expect(flag.clone(), m.to_string());
-        let (ty, n) = flag
-            .split_once('=')
-            .ok_or_else(|| err("expected TYPE=N, e.g. worker=4"))?;
-        let ty = ty.trim();
-        if !jobs.iter().any(|j| j.task_type == ty) {
-            let known: Vec<&str> = jobs.iter().map(|j| j.task_type.as_str()).collect();
-            return Err(err(&format!(
-                "{ty:?} is not a job type given by --job ({})",
-                known.join(", ")
-            )));
-        }
-        let n: usize = n
-            .trim()
-            .parse()
-            .map_err(|_| err("N must be a whole number"))?;
-        if n == 0 {
-            return Err(err("N must be at least 1"));
-        }
-        if out.insert(ty.to_string(), n).is_some() {
-            return Err(err("type given twice"));
-        }
-    }
-    Ok(out)
 }
 
 /// How peers become tasks and addresses.
@@ -288,6 +250,15 @@ impl Shortfall {
         }
         s
     }
+}
+
+/// Every shortfall, for messages: `ps: expected 1, ready 0 of 1 live; worker: ...`.
+pub fn describe(shortfalls: &[Shortfall]) -> String {
+    shortfalls
+        .iter()
+        .map(Shortfall::describe)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The outcome of looking at the current pods.
@@ -459,9 +430,9 @@ impl Resolver {
                 pod.metadata.namespace.as_deref().unwrap_or("default"),
                 self.cluster_domain
             )),
-            _ => Err(ClusterError::Config(format!(
-                "pod {name:?} has no spec.hostname and spec.subdomain, which --address dns needs (use a StatefulSet with serviceName, or an Indexed Job with subdomain set, and a headless Service)"
-            ))),
+            _ => Err(ClusterError::NoDnsName {
+                pod: name.to_string(),
+            }),
         }
     }
 
@@ -616,17 +587,17 @@ impl Resolver {
         if let Some(t) = over {
             let n = cluster.tasks.get(&t.task_type).map_or(0, Vec::len);
             if n == 0 {
-                return Err(ClusterError::Inconsistent(format!(
-                    "--task-type {:?} is not a job type of the cluster ({})",
-                    t.task_type,
-                    cluster.summary()
-                )));
+                return Err(ClusterError::TaskTypeNotInCluster {
+                    task_type: t.task_type,
+                    summary: cluster.summary(),
+                });
             }
             if t.index >= n {
-                return Err(ClusterError::Inconsistent(format!(
-                    "--task-index {} is out of range: {} has {n} tasks",
-                    t.index, t.task_type
-                )));
+                return Err(ClusterError::TaskIndexOutOfRange {
+                    index: t.index,
+                    task_type: t.task_type,
+                    tasks: n,
+                });
             }
             return Ok(t);
         }
@@ -639,7 +610,7 @@ impl Resolver {
                 task_type: p.task_type.clone(),
                 index: p.index,
             })
-            .ok_or_else(|| ClusterError::Inconsistent(self.no_match_message(own_name)))
+            .ok_or_else(|| self.unmatched(own_name))
     }
 
     /// Checks, before any waiting, that this pod belongs to exactly one job type.
@@ -647,15 +618,15 @@ impl Resolver {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         match self.types_of(pod).as_slice() {
             [_] => Ok(()),
-            [] => Err(ClusterError::Inconsistent(self.no_match_message(name))),
-            many => Err(ClusterError::Inconsistent(format!(
-                "this pod {name:?} matches the selectors of several job types ({}); make the selectors disjoint or pass --task-type and --task-index",
-                many.join(", ")
-            ))),
+            [] => Err(self.unmatched(name)),
+            many => Err(ClusterError::OwnPodAmbiguous {
+                pod: name.to_string(),
+                types: many.join(", "),
+            }),
         }
     }
 
-    fn no_match_message(&self, name: &str) -> String {
+    fn unmatched(&self, name: &str) -> ClusterError {
         let jobs: Vec<String> = self
             .jobs
             .iter()
@@ -664,10 +635,10 @@ impl Resolver {
                 format!("{}: {}", j.task_type, sels.join(" | "))
             })
             .collect();
-        format!(
-            "this pod {name:?} matches none of the job selectors ({}); fix its labels or the selectors, or pass --task-type and --task-index",
-            jobs.join("; ")
-        )
+        ClusterError::OwnPodUnmatched {
+            pod: name.to_string(),
+            jobs: jobs.join("; "),
+        }
     }
 }
 

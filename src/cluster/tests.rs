@@ -31,9 +31,19 @@ fn running(mut p: Pod, ip: &str) -> Pod {
     p
 }
 
+/// `TYPE=SELECTOR` definitions, as `--job` gives them.
+fn jobs_of(defs: &[&str]) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for d in defs {
+        let (ty, sel) = d.split_once('=').unwrap();
+        add_selector(&mut jobs, ty, selector::parse(sel).unwrap());
+    }
+    jobs
+}
+
 fn resolver(jobs: &[&str]) -> Resolver {
     Resolver {
-        jobs: parse_job_flags(&jobs.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
+        jobs: jobs_of(jobs),
         port: 8470,
         port_name: None,
         address: AddressMode::PodIp,
@@ -189,16 +199,23 @@ fn peers_waiting_in_their_init_containers_count() {
 
 #[test]
 fn own_pod_must_match_exactly_one_type() {
+    // cli::lower's tests pin the full messages, with the flags that fix them.
     let r = resolver(&["ps=role=ps", "worker=app=x"]);
     let both = pod("w", &[("app", "x"), ("role", "ps")]);
     assert_eq!(
-        r.check_own_pod(&both).unwrap_err().to_string(),
-        "this pod \"w\" matches the selectors of several job types (ps, worker); make the selectors disjoint or pass --task-type and --task-index"
+        r.check_own_pod(&both).unwrap_err(),
+        ClusterError::OwnPodAmbiguous {
+            pod: "w".into(),
+            types: "ps, worker".into()
+        }
     );
     let none = pod("n", &[("app", "y")]);
     assert_eq!(
-        r.check_own_pod(&none).unwrap_err().to_string(),
-        "this pod \"n\" matches none of the job selectors (ps: role=ps; worker: app=x); fix its labels or the selectors, or pass --task-type and --task-index"
+        r.check_own_pod(&none).unwrap_err(),
+        ClusterError::OwnPodUnmatched {
+            pod: "n".into(),
+            jobs: "ps: role=ps; worker: app=x".into()
+        }
     );
 }
 
@@ -227,13 +244,9 @@ fn dns_addresses_and_named_ports() {
 
     let bare = [running(pod("w-9", &[("app", "x")]), "10.0.0.2")];
     let refs: Vec<&Pod> = bare.iter().collect();
-    assert!(
-        r.assess(&refs, &expect(&[("worker", 1)]))
-            .unwrap_err()
-            .to_string()
-            .starts_with(
-                "pod \"w-9\" has no spec.hostname and spec.subdomain, which --address dns needs"
-            )
+    assert_eq!(
+        r.assess(&refs, &expect(&[("worker", 1)])).unwrap_err(),
+        ClusterError::NoDnsName { pod: "w-9".into() }
     );
 }
 
@@ -244,44 +257,4 @@ fn ipv6_addresses_are_bracketed() {
     let refs: Vec<&Pod> = pods.iter().collect();
     let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
     assert_eq!(c.spec()["worker"], ["[fd00::1]:8470"]);
-}
-
-#[test]
-fn job_flags_and_mapping_agree() {
-    let a = parse_job_flags(&["worker=job-name=w".into(), "ps=job-name=p".into()]).unwrap();
-    let b = parse_mapping(r#"{"worker":["job-name=w"],"ps":["job-name=p"]}"#).unwrap();
-    assert_eq!(a, b);
-}
-
-#[test]
-fn bad_job_and_expect_flags() {
-    assert_eq!(
-        parse_job_flags(&["worker".into()]).unwrap_err().to_string(),
-        "invalid --job \"worker\": expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker"
-    );
-    assert_eq!(
-        parse_job_flags(&["1w=app=x".into()])
-            .unwrap_err()
-            .to_string(),
-        "invalid --job \"1w=app=x\": task type \"1w\" must start with a letter and contain only letters, digits, '_' and '-'"
-    );
-    let jobs = parse_job_flags(&["worker=app=x".into()]).unwrap();
-    assert_eq!(
-        parse_expect(&["ps=1".into()], &jobs)
-            .unwrap_err()
-            .to_string(),
-        "invalid --expect \"ps=1\": \"ps\" is not a job type given by --job (worker)"
-    );
-    assert_eq!(
-        parse_expect(&["worker=0".into()], &jobs)
-            .unwrap_err()
-            .to_string(),
-        "invalid --expect \"worker=0\": N must be at least 1"
-    );
-    assert!(
-        parse_mapping("[1]")
-            .unwrap_err()
-            .to_string()
-            .starts_with("invalid --job-to-label-mapping: not a JSON object")
-    );
 }

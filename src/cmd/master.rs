@@ -1,76 +1,55 @@
 //! `trainlet master`: TensorFlow's `master(task_type, task_id, rpc_layer)`. Reads
 //! `<output-dir>/cluster.json` when `init` wrote one, else resolves like `resolve`.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 
-use clap::Args;
-
-use super::ClusterConfig;
-use crate::cli::{ClusterArgs, KubeArgs};
+use crate::cli::args::MasterArgs;
+use crate::cli::lower;
+use crate::peers::{Scope, resolve_now};
 use crate::tfconfig::{self, CLUSTER_FILE, master_url};
-use crate::{Code, Failure};
+use crate::{Code, Exit, Failure, kube};
 
-#[derive(Debug, Clone, Args)]
-pub struct MasterArgs {
-    #[command(flatten)]
-    pub kube: KubeArgs,
-    #[command(flatten)]
-    pub cluster: ClusterArgs,
-    /// Directory where `trainlet init` wrote cluster.json.
-    #[arg(
-        long,
-        env = "TRAINLET_OUTPUT_DIR",
-        value_name = "DIR",
-        default_value = "/etc/trainlet"
-    )]
-    pub output_dir: PathBuf,
-}
-
-pub fn run(args: MasterArgs) -> Result<Code, Failure> {
-    let (Some(task_type), Some(index)) = (args.cluster.task_type.clone(), args.cluster.task_index)
-    else {
-        return Err(Failure::usage(
-            "trainlet master needs --task-type TYPE and --task-id I",
-        ));
-    };
+pub fn run(args: MasterArgs) -> Result<Exit, Failure> {
+    let (task, cluster_args) = lower::master_query(&args.cluster)?;
     let file = args.output_dir.join(CLUSTER_FILE);
-    let cluster: std::collections::BTreeMap<String, Vec<String>> = if file.exists() {
+    let cluster: BTreeMap<String, Vec<String>> = if file.exists() {
         tfconfig::read_cluster_file(&file)?.cluster
     } else {
-        let mut cluster_args = args.cluster.clone();
-        // The task flags select the master here; they are no override of the own task.
-        cluster_args.task_type = None;
-        cluster_args.task_index = None;
-        let cfg = ClusterConfig::from_args(&cluster_args)?;
-        let (c, _) = super::runtime()?.block_on(super::resolve::resolve_once(
-            &args.kube,
-            &cluster_args,
-            &cfg,
-        ))?;
+        let cfg = lower::cluster_config(&cluster_args)?;
+        let settings = lower::kube_settings(&args.kube);
+        let (c, _) = super::runtime()?.block_on(async {
+            let (client, default_ns) = kube::client(settings.kubeconfig.as_deref()).await?;
+            let scope = Scope::of(&cfg.namespaces, &settings.pod_namespace(&default_ns));
+            Ok::<_, Failure>(resolve_now(&client, &scope, &cfg, None).await?)
+        })?;
         c.spec()
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
             .collect()
     };
-    let Some(tasks) = cluster.get(&task_type) else {
+    let Some(tasks) = cluster.get(&task.task_type) else {
         let known: Vec<&str> = cluster.keys().map(String::as_str).collect();
         return Err(Failure::new(
             Code::Inconsistent,
             format!(
-                "task type {task_type:?} is not in the cluster (types: {})",
+                "task type {:?} is not in the cluster (types: {})",
+                task.task_type,
                 known.join(", ")
             ),
         ));
     };
-    let Some(address) = tasks.get(index) else {
+    let Some(address) = tasks.get(task.index) else {
         return Err(Failure::new(
             Code::Inconsistent,
             format!(
-                "task {task_type}/{index} is not in the cluster: {task_type} has {} tasks",
+                "task {}/{} is not in the cluster: {} has {} tasks",
+                task.task_type,
+                task.index,
+                task.task_type,
                 tasks.len()
             ),
         ));
     };
     println!("{}", master_url(&args.cluster.rpc_layer, address));
-    Ok(Code::Ok)
+    Ok(Exit::OK)
 }

@@ -10,12 +10,8 @@ use super::yaml::{self, Chunk, Node};
 pub const INIT_CONTAINER: &str = "trainlet-init";
 pub const SIDECAR: &str = "trainlet";
 pub const VOLUME: &str = "trainlet";
-/// `trainlet init --output-dir`'s default, and so the default mount path.
-pub const DEFAULT_OUTPUT_DIR: &str = "/etc/trainlet";
 /// Where the image puts the binary (docker/Dockerfile).
 pub const BINARY: &str = "/usr/local/bin/trainlet";
-/// The sidecar's Prometheus port (`trainlet sidecar --metrics-addr` default).
-pub const METRICS_PORT: u16 = 9464;
 /// The UID of distroless `nonroot`, which the image runs as.
 pub const UID: i64 = 65532;
 
@@ -38,6 +34,11 @@ pub struct InjectConfig {
     pub wrap: Option<String>,
     /// The ServiceAccount bound to trainlet's Role, set where a template has none.
     pub service_account: String,
+    /// The environment of the wrapped container, after trainlet's own variables are
+    /// removed from it (`TRAINLET_OUTPUT_DIR`, `TRAINLET_METRICS_ADDR`).
+    pub wrap_env: Vec<(String, String)>,
+    /// The port of the sidecar's `/metrics`, for the Prometheus scrape annotations.
+    pub metrics_port: u16,
 }
 
 /// Something the user should know about one document; printed on stderr.
@@ -66,15 +67,18 @@ pub enum TransformError {
         column: usize,
         message: String,
     },
+    /// The container to wrap runs its image's ENTRYPOINT, which inject cannot see.
     #[error(
-        "cannot --wrap container {container:?} of {what} (document {doc}): it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again"
+        "cannot wrap container {container:?} of {what} (document {doc}): {}",
+        Self::IMPLICIT_ENTRYPOINT
     )]
     ImplicitEntrypoint {
         doc: usize,
         what: String,
         container: String,
     },
-    #[error("--wrap {container:?}: no pod template has a container of that name (found: {found})")]
+    /// No pod template has the container to wrap.
+    #[error("no pod template has a container {container:?} to wrap (found: {found})")]
     WrapNotFound { container: String, found: String },
     #[error("{what} (document {doc}): {why}")]
     Shape {
@@ -82,6 +86,11 @@ pub enum TransformError {
         what: String,
         why: String,
     },
+}
+
+impl TransformError {
+    /// Why a container without `command` cannot be wrapped, and what to do.
+    pub const IMPLICIT_ENTRYPOINT: &str = "it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again";
 }
 
 /// The result of a whole stream.
@@ -308,7 +317,10 @@ impl Ctx<'_> {
             .and_then(|m| m.map_entry("annotations"))
             .ok_or_else(|| self.shape(what, "metadata or its annotations is not a mapping"))?;
         annotations.set("prometheus.io/scrape", Node::str("true"));
-        annotations.set("prometheus.io/port", Node::str(METRICS_PORT.to_string()));
+        annotations.set(
+            "prometheus.io/port",
+            Node::str(cfg.metrics_port.to_string()),
+        );
         annotations.set("prometheus.io/path", Node::str("/metrics"));
 
         let Some(spec) = t.map_entry("spec") else {
@@ -459,20 +471,12 @@ impl Ctx<'_> {
                 Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR")
             )
         });
-        // `trainlet exec` reads TF_CONFIG from --output-dir, whose default is the
-        // default mount path.
-        if cfg.output_dir != DEFAULT_OUTPUT_DIR {
+        for (name, value) in &cfg.wrap_env {
             env.push(Node::map([
-                ("name", Node::str("TRAINLET_OUTPUT_DIR")),
-                ("value", Node::str(&cfg.output_dir)),
+                ("name", Node::str(name)),
+                ("value", Node::str(value)),
             ]));
         }
-        // The sidecar serves the pod's metrics on 9464; the in-process reporters of
-        // `exec --report` must not try to bind the same port in the same pod.
-        env.push(Node::map([
-            ("name", Node::str("TRAINLET_METRICS_ADDR")),
-            ("value", Node::str("off")),
-        ]));
         Ok(())
     }
 }

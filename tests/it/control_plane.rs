@@ -1,8 +1,6 @@
 //! Proves that the API server the tests run against is real: Pod Security admission,
 //! watches of the status subresource, and RBAC on minted ServiceAccount tokens.
 
-mod support;
-
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -10,7 +8,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::*;
+
+use crate::support::*;
 
 #[tokio::test]
 async fn pod_security_restricted_rejects_a_privileged_pod() {

@@ -1,13 +1,11 @@
 //! `trainlet inject` as users run it: the binary, stdin or -f, stdout, notes on stderr,
 //! exit codes; and its output accepted by the real API server.
 
-mod support;
-
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use support::*;
+use crate::support::*;
 
 fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures/inject").join(name)

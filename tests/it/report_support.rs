@@ -1,9 +1,11 @@
-//! Helpers for the reporter tests (`tests/report_*.rs`), on top of `tests/support`:
-//! the fake NVML and a memory hog built from C with the system compiler, a running
-//! reporter with its admin endpoint, annotations and Warning Events of a pod, and a
-//! memory cgroup of the test's own.
+//! Helpers for the reporter tests (`tests/it/report_*.rs`), on top of
+//! `tests/it/support`: the fake NVML and a memory hog built from C with the system
+//! compiler, a running reporter with its admin endpoint, annotations and Warning Events
+//! of a pod, and a memory cgroup of the test's own.
 //!
-//! Each test file says `mod support; mod report_support;`.
+//! Declared next to `support` at the crate root, in tests/it/main.rs and (through
+//! `#[path]`) in benches/trainlet/main.rs, so `crate::support` resolves in both; each
+//! reporter test module says `use crate::support::*; use crate::report_support::*;`.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;

@@ -8,8 +8,6 @@
 //!   under the ServiceAccount of rbac.yaml;
 //! - hadolint passes on docker/Dockerfile.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,7 +19,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::*;
+
+use crate::support::*;
 
 /// What `kubectl` printed, and whether it succeeded; unlike `support::kubectl`, this
 /// keeps stderr, where kubectl prints warnings.

@@ -1,8 +1,6 @@
 //! `trainlet init`, `resolve`, `master` and `exec` against the real control plane, with
 //! the tests playing the kubelet.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +10,8 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
-use support::*;
+
+use crate::support::*;
 
 fn resolve(ns: &str, extra: &[&str]) -> Run {
     run(trainlet()

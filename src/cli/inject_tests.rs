@@ -4,9 +4,11 @@
 
 use clap::Parser;
 
-use super::yaml;
-use super::*;
-use crate::cli::{Cli, Command};
+use super::explain;
+use super::lower::inject_config;
+use super::{Cli, Command};
+use crate::inject::{InjectConfig, TransformError, inject, yaml};
+use crate::{Code, Failure};
 
 const MIXED: &str = include_str!("../../tests/fixtures/inject/mixed.yaml");
 const MIXED_INJECTED: &str = include_str!("../../tests/fixtures/inject/mixed.injected.yaml");
@@ -22,7 +24,7 @@ fn config(args: &[&str]) -> InjectConfig {
     let Command::Inject(a) = cli.command else {
         unreachable!()
     };
-    InjectConfig::from_args(&a).unwrap_or_else(|f| panic!("{}", f.message))
+    inject_config(&a).unwrap_or_else(|f| panic!("{}", f.message))
 }
 
 fn config_err(args: &[&str]) -> Failure {
@@ -31,7 +33,7 @@ fn config_err(args: &[&str]) -> Failure {
     let Command::Inject(a) = cli.command else {
         unreachable!()
     };
-    InjectConfig::from_args(&a).unwrap_err()
+    inject_config(&a).unwrap_err()
 }
 
 fn docs(src: &str) -> Vec<serde_json::Value> {
@@ -227,13 +229,13 @@ fn wrap_needs_an_explicit_command() {
     let cfg = config(&["--job", "worker=app=x", "--wrap", "train"]);
     let err = inject(IMPLICIT, &cfg).unwrap_err();
     assert_eq!(
-        err.to_string(),
+        explain::transform(&err),
         "cannot --wrap container \"train\" of batch/v1 Job \"implicit\" (document 1): it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again"
     );
     let cfg = config(&["--job", "worker=app=x", "--wrap", "trainer"]);
     let err = inject(MIXED, &cfg).unwrap_err();
     assert_eq!(
-        err.to_string(),
+        explain::transform(&err),
         "--wrap \"trainer\": no pod template has a container of that name (found: train)"
     );
     // Without --wrap the same template is fine: args stay as they are.

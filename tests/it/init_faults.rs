@@ -2,13 +2,12 @@
 //! clear line, and nothing is written; kill -9, an API server restart and a taken port
 //! leave correct files or none.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::*;
+
+use crate::support::*;
 
 /// Each case: arguments after `init` (the kubeconfig, namespace and output dir are
 /// added), the exit code, and the exact error line.

@@ -3,15 +3,13 @@
 //! annotations and Events for 4 of 4 GPUs, 4 of 8, and no NVML at all. Also the patch
 //! economy of a steady pod, the admin endpoints, bad flags, and SIGTERM.
 
-mod report_support;
-mod support;
-
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use report_support::*;
-use support::*;
+
+use crate::report_support::*;
+use crate::support::*;
 
 fn gpus_cmd(lib: &str) -> std::process::Command {
     let mut cmd = trainlet();

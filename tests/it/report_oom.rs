@@ -3,14 +3,11 @@
 //! kubelet player's `OOMKilled` pod status under `trainlet sidecar`, scraped by a real
 //! Prometheus server. Everything runs as the trainlet ServiceAccount.
 
-mod report_support;
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use report_support::*;
-use support::*;
+use crate::report_support::*;
+use crate::support::*;
 
 /// CMD starts the memory hog in the background after a second, waits for it, and
 /// exits 3: the hog dies by the OOM killer, CMD does not.

@@ -1,5 +1,5 @@
-//! Waiting for the peer set: one list plus watch per selector through kube-runtime's
-//! watcher, which owns reconnects, relists after `410 Gone`, and backoff. No polling:
+//! Waiting for the peer set (`init`): one watch per distinct selector through
+//! kube-runtime's watcher, which owns reconnects, relists after `410 Gone`, and backoff. No polling:
 //! the number of API requests does not grow with the time spent waiting.
 //!
 //! Events are taken in batches (everything that is ready at once), so that 256 pods
@@ -9,41 +9,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job as BatchJob;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use super::owners::{CountError, OwnerCounts};
+use super::{Scope, selectors};
+use crate::Code;
 use crate::cluster::slim::PeerPod;
-use crate::cluster::{Assessment, Cluster, ClusterError, Resolver, Shortfall};
+use crate::cluster::{Assessment, Cluster, ClusterError, Resolver, Shortfall, describe};
 use crate::kube::{KubeError, classify};
-use crate::{Code, Failure};
-
-/// Where peers are looked for.
-#[derive(Debug, Clone)]
-pub enum Scope {
-    Namespace(String),
-    All,
-}
-
-impl Scope {
-    pub(crate) fn api(&self, client: &Client) -> Api<PeerPod> {
-        match self {
-            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
-            Scope::All => Api::all(client.clone()),
-        }
-    }
-
-    pub(crate) fn label(&self) -> &str {
-        match self {
-            Scope::Namespace(ns) => ns,
-            Scope::All => "(all namespaces)",
-        }
-    }
-}
 
 #[derive(Debug, Error)]
 pub enum WaitError {
@@ -56,31 +33,31 @@ pub enum WaitError {
         waited: Duration,
         shortfalls: Vec<Shortfall>,
     },
-    #[error(
-        "cannot determine how many {task_type} pods to expect: {why}; pass --expect {task_type}=N"
-    )]
+    /// No expected count was given and none can be read from an owning controller.
+    #[error("cannot determine how many {task_type} pods to expect: {why}")]
     UnknownCount { task_type: String, why: String },
     /// Internal: the server refused a streaming list; retried as list + watch.
     #[error("the API server refused to stream the initial pods: {0}")]
     StreamingUnsupported(String),
 }
 
-pub fn describe(shortfalls: &[Shortfall]) -> String {
-    shortfalls
-        .iter()
-        .map(Shortfall::describe)
-        .collect::<Vec<_>>()
-        .join("; ")
+impl From<CountError> for WaitError {
+    fn from(e: CountError) -> Self {
+        match e {
+            CountError::Kube(k) => WaitError::Kube(k),
+            CountError::Unknown { task_type, why } => WaitError::UnknownCount { task_type, why },
+        }
+    }
 }
 
-impl From<WaitError> for Failure {
-    fn from(e: WaitError) -> Self {
-        match e {
-            WaitError::Kube(k) => k.into(),
-            WaitError::Cluster(c) => c.into(),
-            WaitError::Timeout { .. } => Failure::new(Code::NotReady, e.to_string()),
-            WaitError::UnknownCount { .. } => Failure::new(Code::Usage, e.to_string()),
-            WaitError::StreamingUnsupported(_) => Failure::new(Code::Api, e.to_string()),
+impl WaitError {
+    pub fn code(&self) -> Code {
+        match self {
+            WaitError::Kube(k) => k.code(),
+            WaitError::Cluster(c) => c.code(),
+            WaitError::Timeout { .. } => Code::NotReady,
+            WaitError::UnknownCount { .. } => Code::Usage,
+            WaitError::StreamingUnsupported(_) => Code::Api,
         }
     }
 }
@@ -145,15 +122,7 @@ async fn watch(
     streaming: bool,
 ) -> Result<Resolved, WaitError> {
     // One watcher per distinct selector string; each delivers its own view.
-    let mut selectors: Vec<String> = Vec::new();
-    for job in &resolver.jobs {
-        for s in &job.selectors {
-            let s = s.to_string();
-            if !selectors.contains(&s) {
-                selectors.push(s);
-            }
-        }
-    }
+    let selectors = selectors(resolver);
     let api = scope.api(client);
     let streams = selectors.iter().enumerate().map(|(i, sel)| {
         // Streaming: the initial state as watch events. Else resourceVersion=0: the
@@ -327,111 +296,6 @@ fn streaming_refused(e: &watcher::Error) -> Option<String> {
         _ => return None,
     };
     matches!(status.code, 400 | 422).then(|| format!("{} ({})", status.message, status.code))
-}
-
-/// Expected counts read from the controllers that own the pods, cached by owner uid.
-#[derive(Default)]
-struct OwnerCounts {
-    by_uid: HashMap<String, usize>,
-}
-
-impl OwnerCounts {
-    /// The expected count of a type: the sum over the distinct controllers that own its
-    /// live pods. `None` while no pod of the type has been seen.
-    async fn expected_for(
-        &mut self,
-        client: &Client,
-        resolver: &Resolver,
-        task_type: &str,
-        pods: &[&Pod],
-    ) -> Result<Option<usize>, WaitError> {
-        let members: Vec<&Pod> = pods
-            .iter()
-            .copied()
-            .filter(|p| crate::cluster::is_live(p) && resolver.types_of(p).contains(&task_type))
-            .collect();
-        if members.is_empty() {
-            return Ok(None);
-        }
-        let mut total = 0;
-        let mut counted = std::collections::HashSet::new();
-        for pod in members {
-            let name = pod.name_any();
-            let owner = pod
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true))
-                .ok_or_else(|| WaitError::UnknownCount {
-                    task_type: task_type.into(),
-                    why: format!("pod {name:?} has no owning Job, StatefulSet or ReplicaSet"),
-                })?;
-            if !counted.insert(owner.uid.clone()) {
-                continue;
-            }
-            if let Some(n) = self.by_uid.get(&owner.uid) {
-                total += n;
-                continue;
-            }
-            let ns = pod.namespace().unwrap_or_default();
-            let n = owner_count(client, &ns, &owner.kind, &owner.name)
-                .await?
-                .ok_or_else(|| WaitError::UnknownCount {
-                    task_type: task_type.into(),
-                    why: format!(
-                        "pod {name:?} is owned by {} {:?}, which does not say how many pods it wants",
-                        owner.kind, owner.name
-                    ),
-                })?;
-            self.by_uid.insert(owner.uid.clone(), n);
-            total += n;
-        }
-        Ok(Some(total))
-    }
-}
-
-/// Job: completions when Indexed, else parallelism. StatefulSet, ReplicaSet: replicas.
-async fn owner_count(
-    client: &Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-) -> Result<Option<usize>, KubeError> {
-    async fn get<K>(client: &Client, ns: &str, name: &str, resource: &str) -> Result<K, KubeError>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
-    {
-        Api::<K>::namespaced(client.clone(), ns)
-            .get(name)
-            .await
-            .map_err(|e| classify(&e, "get", resource, ns))
-    }
-    let n = match kind {
-        "Job" => {
-            let job: BatchJob = get(client, ns, name, "jobs").await?;
-            let spec = job.spec.unwrap_or_default();
-            if spec.completion_mode.as_deref() == Some("Indexed") {
-                spec.completions
-            } else {
-                spec.parallelism.or(Some(1))
-            }
-        }
-        "StatefulSet" => get::<StatefulSet>(client, ns, name, "statefulsets")
-            .await?
-            .spec
-            .and_then(|s| s.replicas)
-            .or(Some(1)),
-        "ReplicaSet" => get::<ReplicaSet>(client, ns, name, "replicasets")
-            .await?
-            .spec
-            .and_then(|s| s.replicas)
-            .or(Some(1)),
-        _ => None,
-    };
-    Ok(n.and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0))
 }
 
 #[cfg(test)]

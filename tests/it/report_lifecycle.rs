@@ -3,14 +3,12 @@
 //! missing verb, `exec --report` with a command that does not exist, and the cost of a
 //! sidecar at rest.
 
-mod report_support;
-mod support;
-
 use std::time::Duration;
 
-use report_support::*;
 use serde_json::json;
-use support::*;
+
+use crate::report_support::*;
+use crate::support::{self, *};
 
 #[tokio::test]
 async fn exit_with_main_ends_a_classic_sidecar_when_the_job_is_done() {

@@ -1,77 +1,13 @@
-//! The command line. Every flag can also be set through an environment variable named
-//! `TRAINLET_<FLAG>`, because containers are configured by env.
-//!
-//! Parsing happens in two phases, as in ripgrep: clap checks only what the user typed,
-//! and each subcommand then validates its flags into a config (pure, no syscalls) before
-//! any client, file or library is touched. A bad flag fails in microseconds and writes
-//! nothing.
+//! The flags of every subcommand, as clap sees them: shared groups (kube, cluster,
+//! output, report) and one struct per subcommand. Nothing here validates beyond what
+//! clap checks; `lower` turns these into the configs the workflows take.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::Args;
 
-use crate::cmd;
-
-/// trainlet: TF_CONFIG for distributed TensorFlow on Kubernetes without an operator,
-/// and a reporter for the GPU, port and OOM trouble of training pods.
-#[derive(Debug, Parser)]
-#[command(
-    name = "trainlet",
-    version,
-    propagate_version = true,
-    max_term_width = 100
-)]
-#[command(
-    after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
-for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
-Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
-4 Kubernetes API error, 5 inconsistent peers, 6 port conflict."
-)]
-pub struct Cli {
-    /// Log format: `text` for people, `json` for log collectors in clusters.
-    #[arg(long, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
-
-    /// Log filter, in tracing's EnvFilter syntax, e.g. `info` or `trainlet=debug,kube=warn`.
-    #[arg(
-        long,
-        env = "TRAINLET_LOG_LEVEL",
-        default_value = "info",
-        global = true
-    )]
-    pub log_level: String,
-
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Init container: wait for the peer pods, resolve the cluster and this pod's task,
-    /// and write TF_CONFIG files atomically to --output-dir.
-    Init(cmd::init::InitArgs),
-    /// Resolve the cluster once, without waiting, and print {"cluster":...,"task":...}
-    /// (TensorFlow's cluster_spec()).
-    Resolve(cmd::resolve::ResolveArgs),
-    /// Print the address of one task, e.g. grpc://10.0.0.6:8470 (TensorFlow's master()).
-    Master(cmd::master::MasterArgs),
-    /// Run a command with TF_CONFIG set: reuse <output-dir>/tf_config.json or run init
-    /// first, then replace this process with the command (or supervise it with --report).
-    Exec(cmd::exec::ExecArgs),
-    /// Sidecar container: report GPU counts, port conflicts and OOM kills of this pod to
-    /// its annotations, to Events and to Prometheus.
-    Sidecar(cmd::sidecar::SidecarArgs),
-    /// Print the GPUs visible through NVML as JSON (TensorFlow's num_accelerators()).
-    Gpus(cmd::gpus::GpusArgs),
-    /// Add trainlet to the pod templates of Kubernetes YAML (like `linkerd inject`).
-    Inject(crate::inject::InjectArgs),
-}
+use super::defaults;
+use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 
 /// How to reach the API server and who "self" is.
 #[derive(Debug, Clone, Args)]
@@ -138,7 +74,7 @@ pub struct ClusterArgs {
     pub all_namespaces: bool,
 
     /// TensorFlow server port of every task (the resolver's tf_server_port).
-    #[arg(long, env = "TRAINLET_PORT", value_name = "N", default_value_t = 8470)]
+    #[arg(long, env = "TRAINLET_PORT", value_name = "N", default_value_t = defaults::PORT)]
     pub port: u16,
 
     /// Use each peer's containerPort of this name where it has one, else --port.
@@ -147,7 +83,7 @@ pub struct ClusterArgs {
 
     /// Address of each task: the pod IP, the node's host IP (for hostNetwork), or the
     /// stable DNS name <hostname>.<subdomain>.<namespace>.svc.<cluster-domain>.
-    #[arg(long, env = "TRAINLET_ADDRESS", value_enum, default_value_t = AddressMode::PodIp)]
+    #[arg(long, env = "TRAINLET_ADDRESS", value_enum, default_value_t = defaults::ADDRESS)]
     pub address: AddressMode,
 
     /// Cluster DNS domain, for --address dns.
@@ -155,19 +91,19 @@ pub struct ClusterArgs {
         long,
         env = "TRAINLET_CLUSTER_DOMAIN",
         value_name = "DOMAIN",
-        default_value = "cluster.local"
+        default_value = defaults::CLUSTER_DOMAIN
     )]
     pub cluster_domain: String,
 
     /// Task order within a type: `index` uses the pods' Job completion, StatefulSet or
     /// Kubeflow replica index when every pod has one, else the natural order of names
     /// (w-2 before w-10); `name` is TensorFlow's plain lexicographic order.
-    #[arg(long, env = "TRAINLET_ORDER", value_enum, default_value_t = OrderMode::Index)]
+    #[arg(long, env = "TRAINLET_ORDER", value_enum, default_value_t = defaults::ORDER)]
     pub order: OrderMode,
 
     /// When a peer counts as ready: `running` is phase Running with an address; `ready`
     /// also requires the pod's Ready condition.
-    #[arg(long, env = "TRAINLET_READY", value_enum, default_value_t = ReadyMode::Running)]
+    #[arg(long, env = "TRAINLET_READY", value_enum, default_value_t = defaults::READY)]
     pub ready: ReadyMode,
 
     /// Override this pod's task type (TensorFlow's settable task_type).
@@ -194,32 +130,13 @@ pub struct ClusterArgs {
         long,
         env = "TRAINLET_RPC_LAYER",
         value_name = "LAYER",
-        default_value = "grpc"
+        default_value = defaults::RPC_LAYER
     )]
     pub rpc_layer: String,
 
     /// Adds "environment" to TF_CONFIG, e.g. `cloud` as Kubeflow does.
     #[arg(long, env = "TRAINLET_ENVIRONMENT", value_name = "ENV")]
     pub environment: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AddressMode {
-    PodIp,
-    HostIp,
-    Dns,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OrderMode {
-    Index,
-    Name,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ReadyMode {
-    Running,
-    Ready,
 }
 
 /// Where results go.
@@ -231,7 +148,7 @@ pub struct OutputArgs {
         long,
         env = "TRAINLET_OUTPUT_DIR",
         value_name = "DIR",
-        default_value = "/etc/trainlet"
+        default_value = defaults::OUTPUT_DIR
     )]
     pub output_dir: PathBuf,
 
@@ -245,7 +162,7 @@ pub struct OutputArgs {
         long,
         env = "TRAINLET_TIMEOUT",
         value_name = "DURATION",
-        default_value = "10m"
+        default_value = defaults::TIMEOUT
     )]
     pub timeout: String,
 }
@@ -273,7 +190,7 @@ pub struct ReportArgs {
         long,
         env = "TRAINLET_INTERVAL",
         value_name = "DURATION",
-        default_value = "5s"
+        default_value = defaults::INTERVAL
     )]
     pub interval: String,
 
@@ -283,7 +200,7 @@ pub struct ReportArgs {
         long,
         env = "TRAINLET_MIN_PATCH_INTERVAL",
         value_name = "DURATION",
-        default_value = "10s"
+        default_value = defaults::MIN_PATCH_INTERVAL
     )]
     pub min_patch_interval: String,
 
@@ -292,75 +209,155 @@ pub struct ReportArgs {
         long,
         env = "TRAINLET_METRICS_ADDR",
         value_name = "ADDR",
-        default_value = "0.0.0.0:9464"
+        default_value_t = defaults::metrics_addr()
     )]
     pub metrics_addr: String,
 }
 
-/// Parses a duration such as `500ms`, `10s`, `10m` or `1h 30m`; a bare `0` is zero.
-pub fn parse_duration(flag: &str, value: &str) -> Result<std::time::Duration, crate::Failure> {
-    let v = value.trim();
-    if v == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    humantime::parse_duration(v).map_err(|e| {
-        let zero = if flag == "--timeout" {
-            "; 0 means no limit"
-        } else {
-            ""
-        };
-        crate::Failure::usage(format!(
-            "invalid {flag} {value:?}: {e} (use e.g. 30s, 10m or 1h{zero})"
-        ))
-    })
+/// `trainlet init`.
+#[derive(Debug, Clone, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
+/// `trainlet resolve`.
+#[derive(Debug, Clone, Args)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
 
-    #[test]
-    fn cli_definition_is_consistent() {
-        Cli::command().debug_assert();
-    }
+/// `trainlet master`.
+#[derive(Debug, Clone, Args)]
+pub struct MasterArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Directory where `trainlet init` wrote cluster.json.
+    #[arg(
+        long,
+        env = "TRAINLET_OUTPUT_DIR",
+        value_name = "DIR",
+        default_value = defaults::OUTPUT_DIR
+    )]
+    pub output_dir: PathBuf,
+}
 
-    #[test]
-    fn every_flag_has_a_trainlet_env_var() {
-        fn walk(cmd: &clap::Command, path: &str) {
-            for arg in cmd.get_arguments() {
-                let id = arg.get_id().as_str();
-                if matches!(id, "help" | "version") || arg.is_positional() {
-                    continue;
-                }
-                let env = arg
-                    .get_env()
-                    .unwrap_or_else(|| panic!("{path} --{id} has no env var"));
-                let long = arg.get_long().expect("flags are long");
-                let want = format!("TRAINLET_{}", long.to_uppercase().replace('-', "_"));
-                assert_eq!(env.to_str(), Some(want.as_str()), "{path} --{long}");
-            }
-            for sub in cmd.get_subcommands() {
-                walk(sub, &format!("{path} {}", sub.get_name()));
-            }
-        }
-        walk(&Cli::command(), "trainlet");
-    }
+/// `trainlet exec`.
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub init: InitArgs,
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("--timeout", "0").unwrap().as_secs(), 0);
-        assert_eq!(parse_duration("--timeout", "10m").unwrap().as_secs(), 600);
-        assert_eq!(
-            parse_duration("--timeout", "1h 30m").unwrap().as_secs(),
-            5400
-        );
-        let e = parse_duration("--timeout", "soon").unwrap_err();
-        assert_eq!(e.code, crate::Code::Usage);
-        assert!(
-            e.message.starts_with("invalid --timeout \"soon\""),
-            "{}",
-            e.message
-        );
-    }
+    /// Stay as CMD's parent and run the reporters (GPUs, ports, OOM kills of CMD and its
+    /// children) in-process, forwarding signals to CMD.
+    #[arg(long, env = "TRAINLET_REPORT")]
+    pub report: bool,
+
+    #[command(flatten)]
+    pub report_args: ReportArgs,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `trainlet sidecar`.
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub report: ReportArgs,
+
+    /// A port to watch for conflicts. Repeatable, or comma-separated. Default: the
+    /// training container's containerPorts.
+    #[arg(
+        long = "port",
+        env = "TRAINLET_PORT",
+        value_name = "N",
+        value_delimiter = ','
+    )]
+    pub ports: Vec<u16>,
+
+    /// The node's cgroup filesystem, mounted read-only into the sidecar (e.g. a
+    /// hostPath of /sys/fs/cgroup at /host/sys/fs/cgroup). With it, OOM kills of
+    /// processes inside the training container are counted, not only the kills of
+    /// the container itself that pod status shows. The pod is found by its UID.
+    #[arg(long, env = "TRAINLET_CGROUP_ROOT", value_name = "DIR")]
+    pub cgroup_root: Option<PathBuf>,
+
+    /// Exit 0 once the training container has terminated for good, so that a Job
+    /// with a classic sidecar can complete. Native sidecars do not need it.
+    #[arg(long, env = "TRAINLET_EXIT_WITH_MAIN")]
+    pub exit_with_main: bool,
+}
+
+/// `trainlet gpus`.
+#[derive(Debug, Clone, Args)]
+pub struct GpusArgs {
+    /// Path of the NVML library to load instead of the system's libnvidia-ml.so.1.
+    #[arg(long, env = "TRAINLET_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+/// `trainlet inject`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "The init flags (--job, --expect, --port, --address, ...) are those \
+of `trainlet init` and are passed to the trainlet-init container; flags left at their \
+defaults are not written. Output goes to stdout, one note per document to stderr.\n\n\
+Example: trainlet inject -f job.yaml --job worker=app=mnist,role=worker --wrap train | kubectl apply -f -"
+)]
+pub struct InjectArgs {
+    /// Kubernetes YAML to read; `-` or absent reads standard input. Several documents
+    /// (`---`) and `List`s are handled.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        env = "TRAINLET_FILENAME",
+        value_name = "FILE"
+    )]
+    pub filename: Option<PathBuf>,
+
+    /// trainlet's image for the init container and the sidecar. The default is the
+    /// release of this binary, so the injected agents match the one that injected them.
+    #[arg(long, env = "TRAINLET_IMAGE", value_name = "IMAGE", default_value = defaults::IMAGE)]
+    pub image: String,
+
+    /// Run this container's command under `<install-to>/trainlet exec --report --`, so it
+    /// gets TF_CONFIG in its environment and its GPUs, ports and OOM kills are reported.
+    /// The container must set `command`: inject cannot see an image's ENTRYPOINT.
+    #[arg(long, env = "TRAINLET_WRAP", value_name = "CONTAINER")]
+    pub wrap: Option<String>,
+
+    /// Add the sidecar as a regular container that exits when the main container does
+    /// (`--exit-with-main`), for clusters older than Kubernetes 1.29, which lack native
+    /// sidecars (init containers with restartPolicy: Always).
+    #[arg(long, env = "TRAINLET_CLASSIC_SIDECAR")]
+    pub classic_sidecar: bool,
+
+    /// ServiceAccount for pod templates that set none (or `default`); it must be bound to
+    /// trainlet's Role, as manifests/rbac.yaml does for `trainlet`.
+    #[arg(
+        long,
+        env = "TRAINLET_SERVICE_ACCOUNT",
+        value_name = "NAME",
+        default_value = defaults::SERVICE_ACCOUNT
+    )]
+    pub service_account: String,
+
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
 }

@@ -3,15 +3,13 @@
 //! signal forwarding and exit codes under exec, and the API server going away and
 //! coming back while the sidecar reports.
 
-mod report_support;
-mod support;
-
 use std::net::TcpListener;
 use std::time::Duration;
 
-use report_support::*;
 use serde_json::json;
-use support::*;
+
+use crate::report_support::*;
+use crate::support::{self, *};
 
 fn own_comm() -> String {
     std::fs::read_to_string("/proc/self/comm")

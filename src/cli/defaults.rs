@@ -1,0 +1,43 @@
+//! Every default value of a flag, defined once. The flags (`args`) take their defaults
+//! from here, and `inject` compares against them to write only the flags a user
+//! changed into the agents it adds.
+
+use crate::cluster::{AddressMode, OrderMode, ReadyMode};
+use crate::logging::LogFormat;
+
+/// The TensorFlow server port of every task (the resolver's `tf_server_port`).
+pub const PORT: u16 = 8470;
+/// Addresses are pod IPs.
+pub const ADDRESS: AddressMode = AddressMode::PodIp;
+/// The cluster DNS domain, for `--address dns`.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// Tasks follow the pods' own index.
+pub const ORDER: OrderMode = OrderMode::Index;
+/// A peer is ready when Running (or in its init containers) with an address.
+pub const READY: ReadyMode = ReadyMode::Running;
+/// The scheme of `master` addresses.
+pub const RPC_LAYER: &str = "grpc";
+/// The shared volume's mount path, where the files go.
+pub const OUTPUT_DIR: &str = "/etc/trainlet";
+/// How long `init` waits for its peers.
+pub const TIMEOUT: &str = "10m";
+/// The reporters' probe interval.
+pub const INTERVAL: &str = "5s";
+/// At most one annotation patch per this interval.
+pub const MIN_PATCH_INTERVAL: &str = "10s";
+/// The port of the reporters' `/metrics`; Prometheus scrape annotations name it too.
+pub const METRICS_PORT: u16 = 9464;
+/// The ServiceAccount of `manifests/rbac.yaml`.
+pub const SERVICE_ACCOUNT: &str = "trainlet";
+/// The release image of this version of trainlet, so injected agents match the binary
+/// that injected them.
+pub const IMAGE: &str = concat!("ghcr.io/trainlet/trainlet:", env!("CARGO_PKG_VERSION"));
+/// Log lines for people.
+pub const LOG_FORMAT: LogFormat = LogFormat::Text;
+/// tracing's EnvFilter.
+pub const LOG_LEVEL: &str = "info";
+
+/// `0.0.0.0:9464`: every address of the pod, on [`METRICS_PORT`].
+pub fn metrics_addr() -> String {
+    format!("0.0.0.0:{METRICS_PORT}")
+}

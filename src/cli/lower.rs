@@ -1,0 +1,572 @@
+//! The second phase of parsing, as ripgrep's low and high args: clap's [`args`] in,
+//! the validated configs of the domain out (`ClusterConfig`, `InitConfig`, the
+//! reporter's `Config`, kube's `Settings`, `InjectConfig`). Nothing here talks to the
+//! API server, loads a library or binds a socket; the few file checks are there to
+//! catch a missing volume mount before a long wait.
+//!
+//! Every error that names a flag is written here, or in [`super::explain`] for the
+//! errors that surface only at run time.
+//!
+//! [`args`]: super::args
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+
+use super::args::{
+    ClusterArgs, InitArgs, InjectArgs, KubeArgs, OutputArgs, ReportArgs, SidecarArgs,
+};
+use super::defaults;
+use crate::Failure;
+use crate::bootstrap::InitConfig;
+use crate::cluster::{
+    self, ClusterConfig, Job, Namespaces, Resolver, Task, add_selector, validate_task_type,
+};
+use crate::inject::InjectConfig;
+use crate::kube;
+use crate::report::engine::{Config as ReportConfig, Mode};
+
+/// Parses a duration such as `500ms`, `10s`, `10m` or `1h 30m`; a bare `0` is zero.
+pub fn parse_duration(flag: &str, value: &str) -> Result<Duration, Failure> {
+    let v = value.trim();
+    if v == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(v).map_err(|e| {
+        let zero = if flag == "--timeout" {
+            "; 0 means no limit"
+        } else {
+            ""
+        };
+        Failure::usage(format!(
+            "invalid {flag} {value:?}: {e} (use e.g. 30s, 10m or 1h{zero})"
+        ))
+    })
+}
+
+/// `--log-level`, in tracing's EnvFilter syntax.
+pub fn log_filter(value: &str) -> Result<EnvFilter, Failure> {
+    EnvFilter::try_new(value)
+        .map_err(|e| Failure::usage(format!("invalid --log-level {value:?}: {e}")))
+}
+
+/// How to reach the API server and who "self" is; the environment's defaults
+/// ($POD_NAME, the service account) are applied by `kube` when they are needed.
+pub fn kube_settings(a: &KubeArgs) -> kube::Settings {
+    kube::Settings {
+        kubeconfig: a.kubeconfig.clone(),
+        pod_name: a.pod_name.clone(),
+        pod_namespace: a.pod_namespace.clone(),
+    }
+}
+
+/// The cluster flags, validated: no client, no file, no syscall.
+pub fn cluster_config(a: &ClusterArgs) -> Result<ClusterConfig, Failure> {
+    let jobs = match &a.job_to_label_mapping {
+        Some(json) => parse_mapping(json)?,
+        None => parse_job_flags(&a.jobs)?,
+    };
+    let expected = parse_expect(&a.expect, &jobs)?;
+    if a.port == 0 {
+        return Err(Failure::usage(format!(
+            "invalid --port 0: use the TensorFlow server port, e.g. {}",
+            defaults::PORT
+        )));
+    }
+    if let Some(n) = &a.port_name
+        && (n.is_empty() || n.len() > 15)
+    {
+        return Err(Failure::usage(format!(
+            "invalid --port-name {n:?}: a container port name has 1 to 15 characters"
+        )));
+    }
+    let task_override = match (&a.task_type, a.task_index) {
+        (Some(t), Some(i)) => {
+            if !jobs.iter().any(|j| &j.task_type == t) {
+                let known: Vec<&str> = jobs.iter().map(|j| j.task_type.as_str()).collect();
+                return Err(Failure::usage(format!(
+                    "invalid --task-type {t:?}: not a job type given by --job ({})",
+                    known.join(", ")
+                )));
+            }
+            Some(Task {
+                task_type: t.clone(),
+                index: i,
+            })
+        }
+        _ => None,
+    };
+    if a.rpc_layer.contains("://") {
+        return Err(Failure::usage(format!(
+            "invalid --rpc-layer {:?}: give the scheme only, e.g. {}",
+            a.rpc_layer,
+            defaults::RPC_LAYER
+        )));
+    }
+    let namespaces = match (&a.namespace, a.all_namespaces) {
+        (_, true) => Namespaces::All,
+        (Some(ns), false) => Namespaces::Named(ns.clone()),
+        (None, false) => Namespaces::Own,
+    };
+    Ok(ClusterConfig {
+        resolver: Resolver {
+            jobs,
+            port: a.port,
+            port_name: a.port_name.clone(),
+            address: a.address,
+            cluster_domain: a.cluster_domain.trim_matches('.').to_string(),
+            order: a.order,
+            ready: a.ready,
+        },
+        expected,
+        task_override,
+        rpc_layer: a.rpc_layer.clone(),
+        environment: a.environment.clone().filter(|e| !e.is_empty()),
+        namespaces,
+    })
+}
+
+/// `init`'s flags, and that the output directories exist: a missing volume mount is
+/// the most common misconfiguration, and it is better caught before the wait.
+pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
+    let cluster = cluster_config(&a.cluster)?;
+    let timeout = parse_duration("--timeout", &a.output.timeout)?;
+    let dir = &a.output.output_dir;
+    if !dir.is_dir() {
+        return Err(Failure::usage(format!(
+            "invalid --output-dir {}: not a directory (mount a shared emptyDir there)",
+            dir.display()
+        )));
+    }
+    // --install-to may name a directory to create, but inside an existing volume.
+    if let Some(to) = &a.output.install_to {
+        let parent_ok = to
+            .parent()
+            .is_none_or(|p| p.as_os_str().is_empty() || p.is_dir());
+        if !to.is_dir() && !parent_ok {
+            return Err(Failure::usage(format!(
+                "invalid --install-to {}: neither it nor its parent is a directory (mount a shared emptyDir there)",
+                to.display()
+            )));
+        }
+    }
+    Ok(InitConfig {
+        kube: kube_settings(&a.kube),
+        cluster,
+        timeout: (!timeout.is_zero()).then_some(timeout),
+        output_dir: a.output.output_dir.clone(),
+        install_to: a.output.install_to.clone(),
+    })
+}
+
+/// The cluster flags of `master`, where `--task-type`/`--task-id` select the task to
+/// print instead of overriding the own task: the task, and the cluster to resolve when
+/// no cluster.json exists.
+pub fn master_query(a: &ClusterArgs) -> Result<(Task, ClusterArgs), Failure> {
+    let (Some(task_type), Some(index)) = (a.task_type.clone(), a.task_index) else {
+        return Err(Failure::usage(
+            "trainlet master needs --task-type TYPE and --task-id I",
+        ));
+    };
+    let mut cluster = a.clone();
+    cluster.task_type = None;
+    cluster.task_index = None;
+    Ok((Task { task_type, index }, cluster))
+}
+
+/// `--metrics-addr`: `HOST:PORT`, `[::]:PORT`, or `off`.
+fn metrics_addr(value: &str) -> Result<Option<SocketAddr>, Failure> {
+    let v = value.trim();
+    if v.eq_ignore_ascii_case("off") || v.is_empty() {
+        return Ok(None);
+    }
+    v.parse().map(Some).map_err(|_| {
+        Failure::usage(format!(
+            "invalid --metrics-addr {value:?}: use HOST:PORT such as {}, or `off`",
+            defaults::metrics_addr()
+        ))
+    })
+}
+
+/// The reporter flags shared by `sidecar` and `exec --report`: no client, no NVML, no
+/// socket.
+pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<ReportConfig, Failure> {
+    let interval = parse_duration("--interval", &r.interval)?;
+    if interval < Duration::from_millis(100) {
+        return Err(Failure::usage(format!(
+            "invalid --interval {:?}: use at least 100ms, e.g. {}",
+            r.interval,
+            defaults::INTERVAL
+        )));
+    }
+    let min_patch_interval = parse_duration("--min-patch-interval", &r.min_patch_interval)?;
+    let metrics_addr = metrics_addr(&r.metrics_addr)?;
+    if let Some(lib) = &r.nvml_lib
+        && lib.as_os_str().is_empty()
+    {
+        return Err(Failure::usage(
+            "invalid --nvml-lib \"\": give the path of libnvidia-ml.so.1",
+        ));
+    }
+    Ok(ReportConfig {
+        mode,
+        kube: kube_settings(kube),
+        nvml_lib: r.nvml_lib.clone(),
+        expect_gpus: r.expect_gpus,
+        container: r.container.clone().filter(|c| !c.is_empty()),
+        interval,
+        min_patch_interval,
+        metrics_addr,
+        ports: Vec::new(),
+        cgroup_root: None,
+        exit_with_main: false,
+    })
+}
+
+/// `sidecar`: the reporter flags plus the ports to watch, the node's cgroups and
+/// `--exit-with-main`.
+pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
+    let mut cfg = report_config(Mode::Sidecar, &a.report, &a.kube)?;
+    if let Some(p) = a.ports.iter().find(|p| **p == 0) {
+        return Err(Failure::usage(format!(
+            "invalid --port {p}: give the container port to watch, e.g. {}",
+            defaults::PORT
+        )));
+    }
+    cfg.ports = a.ports.clone();
+    if let Some(root) = &a.cgroup_root
+        && !root.is_dir()
+    {
+        return Err(Failure::usage(format!(
+            "invalid --cgroup-root {}: not a directory (mount the node's /sys/fs/cgroup there read-only)",
+            root.display()
+        )));
+    }
+    cfg.cgroup_root = a.cgroup_root.clone();
+    cfg.exit_with_main = a.exit_with_main;
+    Ok(cfg)
+}
+
+/// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
+/// adds. The init flags are validated exactly as `trainlet init` will, so a bad
+/// selector fails here and not in every pod of the job; flags left at their defaults
+/// are not written.
+pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
+    cluster_config(&a.cluster)?;
+    let c = &a.cluster;
+    if c.task_type.is_some() || c.task_index.is_some() {
+        return Err(Failure::usage(
+            "--task-type and --task-index would give every pod of a template the same task; inject leaves the task to each pod's own index",
+        ));
+    }
+    parse_duration("--timeout", &a.output.timeout)?;
+    if a.image.trim().is_empty() {
+        return Err(Failure::usage(
+            "invalid --image \"\": give an image reference",
+        ));
+    }
+    if let Some(w) = &a.wrap
+        && w.trim().is_empty()
+    {
+        return Err(Failure::usage("invalid --wrap \"\": give a container name"));
+    }
+    let output_dir = path_str("--output-dir", &a.output.output_dir)?;
+    if !a.output.output_dir.is_absolute() || output_dir == "/" {
+        return Err(Failure::usage(format!(
+            "invalid --output-dir {output_dir}: the mount path of the shared volume must be an absolute path below /"
+        )));
+    }
+    let install_to = match &a.output.install_to {
+        None => format!("{output_dir}/bin"),
+        Some(p) => {
+            let s = path_str("--install-to", p)?;
+            if !p.starts_with(&a.output.output_dir) || p == &a.output.output_dir {
+                return Err(Failure::usage(format!(
+                    "invalid --install-to {s}: it must be a directory inside --output-dir {output_dir}, the only volume inject adds"
+                )));
+            }
+            s
+        }
+    };
+
+    Ok(InjectConfig {
+        image: a.image.trim().to_string(),
+        init_args: init_flags(c, &a.output, &output_dir, &install_to),
+        sidecar_args: vec![format!("--port={}", c.port)],
+        // `trainlet exec` reads TF_CONFIG from --output-dir, whose default is the
+        // default mount path; the sidecar serves the pod's metrics, so the in-process
+        // reporters of `exec --report` must not bind the same port in the same pod.
+        wrap_env: (output_dir != defaults::OUTPUT_DIR)
+            .then(|| ("TRAINLET_OUTPUT_DIR".to_string(), output_dir.clone()))
+            .into_iter()
+            .chain([("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())])
+            .collect(),
+        metrics_port: defaults::METRICS_PORT,
+        output_dir,
+        install_to,
+        classic_sidecar: a.classic_sidecar,
+        wrap: a.wrap.clone(),
+        service_account: a.service_account.clone(),
+    })
+}
+
+/// The `trainlet init` flags for the injected init container: those that differ from
+/// their defaults, then `--install-to`.
+fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &str) -> Vec<String> {
+    let mut init = Vec::new();
+    for j in &c.jobs {
+        init.push(format!("--job={j}"));
+    }
+    if let Some(m) = &c.job_to_label_mapping {
+        init.push(format!("--job-to-label-mapping={m}"));
+    }
+    if !c.expect.is_empty() {
+        init.push(format!("--expect={}", c.expect.join(",")));
+    }
+    if let Some(ns) = &c.namespace {
+        init.push(format!("--namespace={ns}"));
+    }
+    if c.all_namespaces {
+        init.push("--all-namespaces".into());
+    }
+    if c.port != defaults::PORT {
+        init.push(format!("--port={}", c.port));
+    }
+    if let Some(p) = &c.port_name {
+        init.push(format!("--port-name={p}"));
+    }
+    if c.address != defaults::ADDRESS {
+        init.push(format!("--address={}", value_name(c.address)));
+    }
+    if c.cluster_domain != defaults::CLUSTER_DOMAIN {
+        init.push(format!("--cluster-domain={}", c.cluster_domain));
+    }
+    if c.order != defaults::ORDER {
+        init.push(format!("--order={}", value_name(c.order)));
+    }
+    if c.ready != defaults::READY {
+        init.push(format!("--ready={}", value_name(c.ready)));
+    }
+    if c.rpc_layer != defaults::RPC_LAYER {
+        init.push(format!("--rpc-layer={}", c.rpc_layer));
+    }
+    if let Some(e) = &c.environment {
+        init.push(format!("--environment={e}"));
+    }
+    if output_dir != defaults::OUTPUT_DIR {
+        init.push(format!("--output-dir={output_dir}"));
+    }
+    init.push(format!("--install-to={install_to}"));
+    if o.timeout != defaults::TIMEOUT {
+        init.push(format!("--timeout={}", o.timeout));
+    }
+    init
+}
+
+fn value_name<T: ValueEnum>(v: T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+fn path_str(flag: &str, p: &Path) -> Result<String, Failure> {
+    let s = p
+        .to_str()
+        .ok_or_else(|| Failure::usage(format!("invalid {flag}: not UTF-8")))?;
+    Ok(s.trim_end_matches('/').to_string())
+}
+
+fn job_flag(flag: &str, why: String) -> Failure {
+    Failure::usage(format!("invalid --job {flag:?}: {why}"))
+}
+
+fn mapping(why: String) -> Failure {
+    Failure::usage(format!("invalid --job-to-label-mapping: {why}"))
+}
+
+fn no_jobs() -> Failure {
+    Failure::usage(
+        "no jobs given: pass --job TYPE=SELECTOR (repeatable) or --job-to-label-mapping JSON",
+    )
+}
+
+/// Parses repeated `--job TYPE=SELECTOR` flags. Types keep the order of their first
+/// appearance; several flags for one type append selectors.
+fn parse_job_flags(flags: &[String]) -> Result<Vec<Job>, Failure> {
+    let mut jobs: Vec<Job> = Vec::new();
+    for flag in flags {
+        let (ty, sel) = flag.split_once('=').ok_or_else(|| {
+            job_flag(
+                flag,
+                "expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker".into(),
+            )
+        })?;
+        let ty = ty.trim();
+        validate_task_type(ty).map_err(|m| job_flag(flag, m))?;
+        if sel.trim().is_empty() {
+            return Err(job_flag(
+                flag,
+                "empty selector would match every pod in the namespace".into(),
+            ));
+        }
+        let sel = cluster::selector::parse(sel).map_err(|m| job_flag(flag, m))?;
+        add_selector(&mut jobs, ty, sel);
+    }
+    if jobs.is_empty() {
+        return Err(no_jobs());
+    }
+    Ok(jobs)
+}
+
+/// Parses TensorFlow's `job_to_label_mapping`, e.g.
+/// `{"worker":["job-name=w"],"ps":["job-name=p"]}`. Types keep the JSON's order.
+fn parse_mapping(json: &str) -> Result<Vec<Job>, Failure> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
+        .map_err(|e| mapping(format!("not a JSON object of lists: {e}")))?;
+    let mut jobs = Vec::new();
+    for (ty, sels) in map {
+        validate_task_type(&ty).map_err(|m| mapping(format!("job {ty:?}: {m}")))?;
+        let list = match sels {
+            serde_json::Value::Array(a) => a,
+            serde_json::Value::String(s) => vec![serde_json::Value::String(s)],
+            _ => {
+                return Err(mapping(format!(
+                    "job {ty:?}: expected a list of selector strings"
+                )));
+            }
+        };
+        if list.is_empty() {
+            return Err(mapping(format!("job {ty:?}: no selectors")));
+        }
+        for s in list {
+            let s = s
+                .as_str()
+                .ok_or_else(|| mapping(format!("job {ty:?}: selectors must be strings")))?;
+            if s.trim().is_empty() {
+                return Err(mapping(format!("job {ty:?}: empty selector")));
+            }
+            let sel =
+                cluster::selector::parse(s).map_err(|m| mapping(format!("job {ty:?}: {m}")))?;
+            add_selector(&mut jobs, &ty, sel);
+        }
+    }
+    if jobs.is_empty() {
+        return Err(no_jobs());
+    }
+    Ok(jobs)
+}
+
+/// Parses `--expect TYPE=N[,TYPE=N...]`; every type must be one of the jobs.
+fn parse_expect(flags: &[String], jobs: &[Job]) -> Result<BTreeMap<String, usize>, Failure> {
+    let mut out = BTreeMap::new();
+    for flag in flags.iter().filter(|f| !f.trim().is_empty()) {
+        let err = |m: &str| Failure::usage(format!("invalid --expect {flag:?}: {m}"));
+        let (ty, n) = flag
+            .split_once('=')
+            .ok_or_else(|| err("expected TYPE=N, e.g. worker=4"))?;
+        let ty = ty.trim();
+        if !jobs.iter().any(|j| j.task_type == ty) {
+            let known: Vec<&str> = jobs.iter().map(|j| j.task_type.as_str()).collect();
+            return Err(err(&format!(
+                "{ty:?} is not a job type given by --job ({})",
+                known.join(", ")
+            )));
+        }
+        let n: usize = n
+            .trim()
+            .parse()
+            .map_err(|_| err("N must be a whole number"))?;
+        if n == 0 {
+            return Err(err("N must be at least 1"));
+        }
+        if out.insert(ty.to_string(), n).is_some() {
+            return Err(err("type given twice"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Code;
+
+    #[test]
+    fn job_flags_and_mapping_agree() {
+        let a = parse_job_flags(&["worker=job-name=w".into(), "ps=job-name=p".into()]).unwrap();
+        let b = parse_mapping(r#"{"worker":["job-name=w"],"ps":["job-name=p"]}"#).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn bad_job_and_expect_flags() {
+        assert_eq!(
+            parse_job_flags(&["worker".into()]).unwrap_err().to_string(),
+            "invalid --job \"worker\": expected TYPE=SELECTOR, e.g. worker=app=mnist,role=worker"
+        );
+        assert_eq!(
+            parse_job_flags(&["1w=app=x".into()])
+                .unwrap_err()
+                .to_string(),
+            "invalid --job \"1w=app=x\": task type \"1w\" must start with a letter and contain only letters, digits, '_' and '-'"
+        );
+        let jobs = parse_job_flags(&["worker=app=x".into()]).unwrap();
+        assert_eq!(
+            parse_expect(&["ps=1".into()], &jobs)
+                .unwrap_err()
+                .to_string(),
+            "invalid --expect \"ps=1\": \"ps\" is not a job type given by --job (worker)"
+        );
+        assert_eq!(
+            parse_expect(&["worker=0".into()], &jobs)
+                .unwrap_err()
+                .to_string(),
+            "invalid --expect \"worker=0\": N must be at least 1"
+        );
+        assert!(
+            parse_mapping("[1]")
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid --job-to-label-mapping: not a JSON object")
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("--timeout", "0").unwrap().as_secs(), 0);
+        assert_eq!(parse_duration("--timeout", "10m").unwrap().as_secs(), 600);
+        assert_eq!(
+            parse_duration("--timeout", "1h 30m").unwrap().as_secs(),
+            5400
+        );
+        let e = parse_duration("--timeout", "soon").unwrap_err();
+        assert_eq!(e.code, Code::Usage);
+        assert!(
+            e.message.starts_with("invalid --timeout \"soon\""),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn metrics_addresses() {
+        assert_eq!(metrics_addr("off").unwrap(), None);
+        assert_eq!(
+            metrics_addr("0.0.0.0:9464").unwrap(),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(
+            metrics_addr("[::]:9464").unwrap(),
+            Some("[::]:9464".parse().unwrap())
+        );
+        let e = metrics_addr("localhost").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
+        );
+    }
+}

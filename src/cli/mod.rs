@@ -1,0 +1,112 @@
+//! The command line. Every flag can also be set through an environment variable named
+//! `TRAINLET_<FLAG>`, because containers are configured by env.
+//!
+//! Parsing happens in two phases, as in ripgrep: clap checks only what the user typed
+//! ([`args`]), and [`lower`] then validates the flags into the configs that the
+//! workflows take, before any client, file or library is touched: a bad flag fails in
+//! microseconds and writes nothing. [`defaults`] holds every default once; [`explain`]
+//! turns the domain's errors into the one line the user reads, naming the flag that
+//! fixes them.
+//!
+//! This module knows clap and the domain's config types, and nothing of the commands.
+
+pub mod args;
+pub mod defaults;
+pub mod explain;
+pub mod lower;
+
+#[cfg(test)]
+mod inject_tests;
+
+use clap::{Parser, Subcommand};
+
+use crate::logging::LogFormat;
+use args::{ExecArgs, GpusArgs, InitArgs, InjectArgs, MasterArgs, ResolveArgs, SidecarArgs};
+
+/// trainlet: TF_CONFIG for distributed TensorFlow on Kubernetes without an operator,
+/// and a reporter for the GPU, port and OOM trouble of training pods.
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainlet",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+#[command(
+    after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
+for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
+Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
+4 Kubernetes API error, 5 inconsistent peers, 6 port conflict."
+)]
+pub struct Cli {
+    /// Log format: `text` for people, `json` for log collectors in clusters.
+    #[arg(long, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = defaults::LOG_FORMAT, global = true)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax, e.g. `info` or `trainlet=debug,kube=warn`.
+    #[arg(
+        long,
+        env = "TRAINLET_LOG_LEVEL",
+        default_value = defaults::LOG_LEVEL,
+        global = true
+    )]
+    pub log_level: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Init container: wait for the peer pods, resolve the cluster and this pod's task,
+    /// and write TF_CONFIG files atomically to --output-dir.
+    Init(InitArgs),
+    /// Resolve the cluster once, without waiting, and print {"cluster":...,"task":...}
+    /// (TensorFlow's cluster_spec()).
+    Resolve(ResolveArgs),
+    /// Print the address of one task, e.g. grpc://10.0.0.6:8470 (TensorFlow's master()).
+    Master(MasterArgs),
+    /// Run a command with TF_CONFIG set: reuse <output-dir>/tf_config.json or run init
+    /// first, then replace this process with the command (or supervise it with --report).
+    Exec(ExecArgs),
+    /// Sidecar container: report GPU counts, port conflicts and OOM kills of this pod to
+    /// its annotations, to Events and to Prometheus.
+    Sidecar(SidecarArgs),
+    /// Print the GPUs visible through NVML as JSON (TensorFlow's num_accelerators()).
+    Gpus(GpusArgs),
+    /// Add trainlet to the pod templates of Kubernetes YAML (like `linkerd inject`).
+    Inject(InjectArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_has_a_trainlet_env_var() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_positional() {
+                    continue;
+                }
+                let env = arg
+                    .get_env()
+                    .unwrap_or_else(|| panic!("{path} --{id} has no env var"));
+                let long = arg.get_long().expect("flags are long");
+                let want = format!("TRAINLET_{}", long.to_uppercase().replace('-', "_"));
+                assert_eq!(env.to_str(), Some(want.as_str()), "{path} --{long}");
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "trainlet");
+    }
+}

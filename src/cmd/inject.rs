@@ -1,0 +1,11 @@
+//! `trainlet inject`: the flags into an `InjectConfig`, then manifests in, manifests out.
+
+use crate::cli::args::InjectArgs;
+use crate::cli::lower;
+use crate::{Exit, Failure, inject};
+
+pub fn run(args: InjectArgs) -> Result<Exit, Failure> {
+    let cfg = lower::inject_config(&args)?;
+    inject::run(&cfg, args.filename.as_deref())?;
+    Ok(Exit::OK)
+}

@@ -1,0 +1,130 @@
+//! Expected counts read from the controllers that own the peer pods, when `--expect`
+//! does not give them: a Job's completions (Indexed) or parallelism, a StatefulSet's or
+//! ReplicaSet's replicas. One GET per distinct owner, cached for the whole wait.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job as BatchJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use thiserror::Error;
+
+use crate::cluster::Resolver;
+use crate::kube::{KubeError, classify};
+
+/// Why an expected count cannot be read.
+#[derive(Debug, Error)]
+pub enum CountError {
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    /// A pod without an owner that says how many pods it wants.
+    #[error("cannot determine how many {task_type} pods to expect: {why}")]
+    Unknown { task_type: String, why: String },
+}
+
+/// Expected counts read from the controllers that own the pods, cached by owner uid.
+#[derive(Default)]
+pub(super) struct OwnerCounts {
+    by_uid: HashMap<String, usize>,
+}
+
+impl OwnerCounts {
+    /// The expected count of a type: the sum over the distinct controllers that own its
+    /// live pods. `None` while no pod of the type has been seen.
+    pub(super) async fn expected_for(
+        &mut self,
+        client: &Client,
+        resolver: &Resolver,
+        task_type: &str,
+        pods: &[&Pod],
+    ) -> Result<Option<usize>, CountError> {
+        let members: Vec<&Pod> = pods
+            .iter()
+            .copied()
+            .filter(|p| crate::cluster::is_live(p) && resolver.types_of(p).contains(&task_type))
+            .collect();
+        if members.is_empty() {
+            return Ok(None);
+        }
+        let mut total = 0;
+        let mut counted = std::collections::HashSet::new();
+        for pod in members {
+            let name = pod.name_any();
+            let owner = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .ok_or_else(|| CountError::Unknown {
+                    task_type: task_type.into(),
+                    why: format!("pod {name:?} has no owning Job, StatefulSet or ReplicaSet"),
+                })?;
+            if !counted.insert(owner.uid.clone()) {
+                continue;
+            }
+            if let Some(n) = self.by_uid.get(&owner.uid) {
+                total += n;
+                continue;
+            }
+            let ns = pod.namespace().unwrap_or_default();
+            let n = owner_count(client, &ns, &owner.kind, &owner.name)
+                .await?
+                .ok_or_else(|| CountError::Unknown {
+                    task_type: task_type.into(),
+                    why: format!(
+                        "pod {name:?} is owned by {} {:?}, which does not say how many pods it wants",
+                        owner.kind, owner.name
+                    ),
+                })?;
+            self.by_uid.insert(owner.uid.clone(), n);
+            total += n;
+        }
+        Ok(Some(total))
+    }
+}
+
+/// Job: completions when Indexed, else parallelism. StatefulSet, ReplicaSet: replicas.
+async fn owner_count(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<usize>, KubeError> {
+    async fn get<K>(client: &Client, ns: &str, name: &str, resource: &str) -> Result<K, KubeError>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::<K>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .map_err(|e| classify(&e, "get", resource, ns))
+    }
+    let n = match kind {
+        "Job" => {
+            let job: BatchJob = get(client, ns, name, "jobs").await?;
+            let spec = job.spec.unwrap_or_default();
+            if spec.completion_mode.as_deref() == Some("Indexed") {
+                spec.completions
+            } else {
+                spec.parallelism.or(Some(1))
+            }
+        }
+        "StatefulSet" => get::<StatefulSet>(client, ns, name, "statefulsets")
+            .await?
+            .spec
+            .and_then(|s| s.replicas)
+            .or(Some(1)),
+        "ReplicaSet" => get::<ReplicaSet>(client, ns, name, "replicasets")
+            .await?
+            .spec
+            .and_then(|s| s.replicas)
+            .or(Some(1)),
+        _ => None,
+    };
+    Ok(n.and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0))
+}

@@ -1,0 +1,781 @@
+//! The reporter's decisions, without I/O: what the probes observed goes in; the
+//! report, its health, the annotations the pod should carry and the Events of each
+//! transition come out. The engine feeds it after every probe, notification and pod
+//! event, and publishes what it returns through the outbox.
+//!
+//! Health is `degraded` while a person should look: fewer GPUs than expected, GPUs
+//! expected but NVML unavailable, a port conflict, or an OOM kill since trainlet
+//! started. Events fire on transitions only: a mismatch is announced once, not every
+//! interval.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::publish::{keys, truncate};
+use crate::report::gpu::{self, Expected, GpuDevice, GpuInfo, GpuStatus};
+use crate::report::oom::OomKill;
+use crate::report::ports::{self, PortState};
+
+/// The most `trainlet.io/report` may hold (annotations share a 256 KiB budget per
+/// object; trainlet keeps to a small part of it).
+pub const REPORT_MAX: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Ok,
+    Degraded,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "ok",
+            Health::Degraded => "degraded",
+        }
+    }
+}
+
+/// The GPU part of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSection {
+    pub count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Expected>,
+    pub status: GpuStatus,
+    pub nvml: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    pub devices: Vec<GpuDevice>,
+}
+
+/// One watched port.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PortEntry {
+    pub port: u16,
+    #[serde(flatten)]
+    pub state: PortState,
+}
+
+/// The OOM part of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OomSection {
+    /// Total kills since trainlet started.
+    pub kills: u64,
+    pub by_container: BTreeMap<String, u64>,
+    /// What is watched, e.g. `cgroup v1 /sys/fs/cgroup/memory/... (eventfd)`, and pod
+    /// status.
+    pub sources: Vec<String>,
+    /// The most recent kills, oldest first.
+    pub recent: Vec<OomKill>,
+}
+
+/// Everything trainlet knows, as published in `trainlet.io/report`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub health: Health,
+    /// Why `degraded`; empty when ok.
+    pub reasons: Vec<String>,
+    /// `sidecar` or `exec`.
+    pub mode: &'static str,
+    /// The training container.
+    pub container: String,
+    /// When trainlet started (RFC 3339): the OOM count runs from here.
+    pub since: String,
+    pub gpu: GpuSection,
+    pub ports: Vec<PortEntry>,
+    pub oom: OomSection,
+    /// Probes that failed, by probe: their part of the report is partial.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub errors: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// What the probes observed, the input of [`assemble`].
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    pub mode: &'static str,
+    pub container: &'a str,
+    pub since: &'a str,
+    pub gpu: &'a GpuInfo,
+    pub expected: Option<&'a Expected>,
+    pub ports: &'a BTreeMap<u16, PortState>,
+    pub oom_total: u64,
+    pub oom_by_container: &'a BTreeMap<String, u64>,
+    pub oom_recent: &'a [OomKill],
+    pub oom_sources: Vec<String>,
+    pub errors: BTreeMap<String, String>,
+}
+
+/// Builds the report and decides health. Degraded means a person should look: a GPU
+/// count mismatch, GPUs expected but NVML unavailable, a port conflict, or an OOM kill
+/// since trainlet started.
+pub fn assemble(o: Observed<'_>) -> Report {
+    let status = gpu::verdict(o.gpu, o.expected);
+    let mut reasons = Vec::new();
+    if let (GpuStatus::Mismatch | GpuStatus::Unavailable, Some(e)) = (&status, o.expected) {
+        reasons.push(gpu::message(o.gpu, e, o.container));
+    }
+    for (port, state) in o.ports {
+        if state.is_conflict() {
+            reasons.push(ports::conflict_message(*port, state, o.container));
+        }
+    }
+    if o.oom_total > 0 {
+        let last = o
+            .oom_recent
+            .last()
+            .map(|k| format!(" (last: {})", k.message()))
+            .unwrap_or_default();
+        reasons.push(format!(
+            "{} OOM kill{} since {}{last}",
+            o.oom_total,
+            if o.oom_total == 1 { "" } else { "s" },
+            o.since
+        ));
+    }
+    Report {
+        health: if reasons.is_empty() {
+            Health::Ok
+        } else {
+            Health::Degraded
+        },
+        reasons,
+        mode: o.mode,
+        container: o.container.to_string(),
+        since: o.since.to_string(),
+        gpu: GpuSection {
+            count: o.gpu.count(),
+            expected: o.expected.cloned(),
+            status,
+            nvml: o.gpu.nvml_status(),
+            driver: o.gpu.driver.clone(),
+            devices: o.gpu.devices.clone(),
+        },
+        ports: o
+            .ports
+            .iter()
+            .map(|(p, s)| PortEntry {
+                port: *p,
+                state: s.clone(),
+            })
+            .collect(),
+        oom: OomSection {
+            kills: o.oom_total,
+            by_container: o.oom_by_container.clone(),
+            sources: o.oom_sources,
+            recent: o.oom_recent.to_vec(),
+        },
+        errors: o.errors,
+        truncated: false,
+    }
+}
+
+/// The report as JSON of at most [`REPORT_MAX`] bytes: the oldest kills go first,
+/// then device details, then reasons are cut; `truncated` says so.
+pub fn render(report: &Report) -> String {
+    let mut r = report.clone();
+    let mut json = serde_json::to_string(&r).expect("a report serializes");
+    while json.len() > REPORT_MAX {
+        r.truncated = true;
+        if !r.oom.recent.is_empty() {
+            r.oom.recent.remove(0);
+        } else if !r.gpu.devices.is_empty() {
+            r.gpu.devices.clear();
+        } else if !r.errors.is_empty() {
+            r.errors.clear();
+        } else if r.ports.len() > 1 {
+            r.ports.retain(|p| p.state.is_conflict());
+            if r.ports.len() > 64 {
+                r.ports.truncate(64);
+            }
+            if serde_json::to_string(&r).map_or(0, |s| s.len()) > REPORT_MAX {
+                r.ports.clear();
+            }
+        } else {
+            for reason in &mut r.reasons {
+                *reason = truncate(reason, 200);
+            }
+            r.reasons.truncate(8);
+            json = serde_json::to_string(&r).expect("a report serializes");
+            break;
+        }
+        json = serde_json::to_string(&r).expect("a report serializes");
+    }
+    json
+}
+
+/// The annotations the pod should carry: `Some` to set, `None` to remove.
+pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Option<String>> {
+    let conflicts: Vec<String> = report
+        .ports
+        .iter()
+        .filter(|p| p.state.is_conflict())
+        .map(|p| p.port.to_string())
+        .collect();
+    let products = {
+        let mut seen: Vec<&str> = Vec::new();
+        for d in &report.gpu.devices {
+            if !seen.contains(&d.name.as_str()) {
+                seen.push(&d.name);
+            }
+        }
+        seen.join(",")
+    };
+    BTreeMap::from([
+        (keys::GPU_COUNT.into(), Some(report.gpu.count.to_string())),
+        (
+            keys::GPU_PRODUCT.into(),
+            (!products.is_empty()).then_some(products),
+        ),
+        (
+            keys::PORT_CONFLICT.into(),
+            (!conflicts.is_empty()).then(|| conflicts.join(",")),
+        ),
+        (keys::OOM_KILLS.into(), Some(report.oom.kills.to_string())),
+        (keys::HEALTH.into(), Some(report.health.as_str().into())),
+        (keys::REPORT.into(), Some(report_json.to_string())),
+    ])
+}
+
+/// What was already announced by Events, so that Events fire on transitions only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Announced {
+    gpu: Option<(GpuStatus, u32)>,
+    conflicts: BTreeSet<u16>,
+}
+
+/// An Event to emit: (reason, note).
+pub type Note = (&'static str, String);
+
+/// The Events for what changed since the last report, and whether any of it is urgent
+/// (a new conflict: publish at once). OOM kills are announced where they are
+/// recorded, one Event each.
+pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bool) {
+    let mut out = Vec::new();
+    let mut urgent = false;
+    let now = (report.gpu.status.clone(), report.gpu.count);
+    if announced.gpu.as_ref() != Some(&now) {
+        if let Some(e) = &report.gpu.expected {
+            let info = GpuInfo {
+                devices: report.gpu.devices.clone(),
+                driver: report.gpu.driver.clone(),
+                nvml: if report.gpu.nvml == "ok" {
+                    Ok(())
+                } else {
+                    Err(gpu::Unavailable::QueryFailed { why: String::new() })
+                },
+            };
+            let was = announced.gpu.as_ref().map(|(s, _)| s.clone());
+            match report.gpu.status {
+                GpuStatus::Mismatch => out.push((
+                    "GPUCountMismatch",
+                    gpu::message(&info, e, &report.container),
+                )),
+                GpuStatus::Unavailable if was != Some(GpuStatus::Unavailable) => {
+                    let why = report.gpu.nvml.trim_start_matches("unavailable: ");
+                    out.push((
+                        "GPUUnavailable",
+                        format!(
+                            "container {} expects {} GPU{} ({}) but NVML is unavailable: {why}",
+                            report.container,
+                            e.count,
+                            if e.count == 1 { "" } else { "s" },
+                            e.source
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        announced.gpu = Some(now);
+    }
+    let conflicts: BTreeSet<u16> = report
+        .ports
+        .iter()
+        .filter(|p| p.state.is_conflict())
+        .map(|p| p.port)
+        .collect();
+    for p in report.ports.iter().filter(|p| p.state.is_conflict()) {
+        if !announced.conflicts.contains(&p.port) {
+            out.push((
+                "PortConflict",
+                ports::conflict_message(p.port, &p.state, &report.container),
+            ));
+            urgent = true;
+        }
+    }
+    announced.conflicts = conflicts;
+    (out, urgent)
+}
+
+/// What the engine remembers between evaluations: the transitions already announced,
+/// and the last summary logged, so the log shows changes, not every probe.
+#[derive(Debug, Default)]
+pub struct State {
+    announced: Announced,
+    logged: String,
+}
+
+/// The outcome of one evaluation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub report: Report,
+    /// The annotations the pod should carry: `Some` to set, `None` to remove.
+    pub annotations: BTreeMap<String, Option<String>>,
+    /// The Events of what changed since the last step.
+    pub events: Vec<Note>,
+    /// Publish at once (a new port conflict), not at the next patch interval.
+    pub urgent: bool,
+    /// A one-line summary, when it differs from the last one logged.
+    pub summary: Option<String>,
+}
+
+impl State {
+    /// Evaluates the latest observations.
+    pub fn step(&mut self, observed: Observed<'_>) -> Step {
+        let report = assemble(observed);
+        let json = render(&report);
+        let annotations = annotations(&report, &json);
+        let (events, urgent) = transitions(&mut self.announced, &report);
+        let line = summary(&report);
+        let summary = (line != self.logged).then(|| {
+            self.logged = line.clone();
+            line
+        });
+        Step {
+            report,
+            annotations,
+            events,
+            urgent,
+            summary,
+        }
+    }
+}
+
+/// `health=ok gpus=4/4 nvml="ok" ports=8470:listening oom_kills=0`, for the log.
+fn summary(report: &Report) -> String {
+    format!(
+        "health={} gpus={}/{} nvml={:?} ports={} oom_kills={}",
+        report.health.as_str(),
+        report.gpu.count,
+        report
+            .gpu
+            .expected
+            .as_ref()
+            .map_or("-".to_string(), |e| e.count.to_string()),
+        report.gpu.nvml,
+        report
+            .ports
+            .iter()
+            .map(|p| format!(
+                "{}:{}",
+                p.port,
+                match p.state {
+                    PortState::Free => "free",
+                    PortState::Listening { .. } => "listening",
+                    PortState::Conflict { .. } => "conflict",
+                    PortState::Unknown { .. } => "unknown",
+                }
+            ))
+            .collect::<Vec<_>>()
+            .join(","),
+        report.oom.kills
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::gpu::Unavailable;
+    use crate::report::ports::{ConflictReason, Owner};
+
+    fn gpus(n: u32) -> GpuInfo {
+        GpuInfo {
+            devices: (0..n)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    name: "Fake GPU".into(),
+                    memory_total_bytes: 16 << 30,
+                })
+                .collect(),
+            driver: Some("550.54.15".into()),
+            nvml: Ok(()),
+        }
+    }
+
+    fn limit(n: u32) -> Expected {
+        Expected {
+            count: n,
+            source: "resources.limits[\"nvidia.com/gpu\"]".into(),
+        }
+    }
+
+    fn observe<'a>(
+        g: &'a GpuInfo,
+        e: Option<&'a Expected>,
+        ports: &'a BTreeMap<u16, PortState>,
+        by: &'a BTreeMap<String, u64>,
+        recent: &'a [OomKill],
+    ) -> Report {
+        assemble(Observed {
+            mode: "sidecar",
+            container: "trainer",
+            since: "2026-11-21T10:00:00Z",
+            gpu: g,
+            expected: e,
+            ports,
+            oom_total: by.values().sum(),
+            oom_by_container: by,
+            oom_recent: recent,
+            oom_sources: vec!["pod status".into()],
+            errors: BTreeMap::new(),
+        })
+    }
+
+    #[test]
+    fn four_of_four_gpus_is_ok_and_annotated() {
+        let g = gpus(4);
+        let e = limit(4);
+        let ports = BTreeMap::from([(8470, PortState::Free)]);
+        let r = observe(&g, Some(&e), &ports, &BTreeMap::new(), &[]);
+        assert_eq!(r.health, Health::Ok);
+        assert!(r.reasons.is_empty());
+        let json = render(&r);
+        let a = annotations(&r, &json);
+        assert_eq!(a[keys::GPU_COUNT], Some("4".into()));
+        assert_eq!(a[keys::GPU_PRODUCT], Some("Fake GPU".into()));
+        assert_eq!(a[keys::PORT_CONFLICT], None);
+        assert_eq!(a[keys::OOM_KILLS], Some("0".into()));
+        assert_eq!(a[keys::HEALTH], Some("ok".into()));
+        let v: serde_json::Value = serde_json::from_str(a[keys::REPORT].as_ref().unwrap()).unwrap();
+        assert_eq!(v["gpu"]["status"], "ok");
+        assert_eq!(v["gpu"]["expected"]["count"], 4);
+        assert_eq!(
+            v["ports"][0],
+            serde_json::json!({"port": 8470, "state": "free"})
+        );
+    }
+
+    #[test]
+    fn mismatch_unavailable_conflict_and_oom_degrade_with_reasons() {
+        let g = gpus(4);
+        let e = limit(8);
+        let held = PortState::Conflict {
+            reason: ConflictReason::ForeignProcess,
+            owner: Some(Owner {
+                pid: 7,
+                comm: "nc".into(),
+            }),
+        };
+        let ports = BTreeMap::from([(2222, PortState::Free), (8470, held)]);
+        let by = BTreeMap::from([("trainer".to_string(), 1)]);
+        let r = observe(&g, Some(&e), &ports, &by, &[]);
+        assert_eq!(r.health, Health::Degraded);
+        assert_eq!(
+            r.reasons,
+            vec![
+                "container trainer sees 4 GPUs (Fake GPU) but 8 are expected (resources.limits[\"nvidia.com/gpu\"])".to_string(),
+                "port 8470 is held by process nc (pid 7), which is not part of container trainer; trainer cannot listen on it".to_string(),
+                "1 OOM kill since 2026-11-21T10:00:00Z".to_string(),
+            ]
+        );
+        let a = annotations(&r, "{}");
+        assert_eq!(a[keys::PORT_CONFLICT], Some("8470".into()));
+        assert_eq!(a[keys::OOM_KILLS], Some("1".into()));
+        assert_eq!(a[keys::HEALTH], Some("degraded".into()));
+
+        let none = GpuInfo {
+            devices: vec![],
+            driver: None,
+            nvml: Err(Unavailable::LibraryNotFound {
+                lib: "libnvidia-ml.so.1".into(),
+                why: "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
+                    .into(),
+            }),
+        };
+        let one = limit(1);
+        let r = observe(&none, Some(&one), &BTreeMap::new(), &BTreeMap::new(), &[]);
+        assert_eq!(r.gpu.status, GpuStatus::Unavailable);
+        assert_eq!(annotations(&r, "{}")[keys::GPU_COUNT], Some("0".into()));
+        assert_eq!(annotations(&r, "{}")[keys::GPU_PRODUCT], None);
+    }
+
+    #[test]
+    fn events_fire_on_transitions_only() {
+        let mut ann = Announced::default();
+        let g = gpus(4);
+        let e = limit(8);
+        let free = BTreeMap::from([(8470, PortState::Free)]);
+        let r = observe(&g, Some(&e), &free, &BTreeMap::new(), &[]);
+        let (ev, urgent) = transitions(&mut ann, &r);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].0, "GPUCountMismatch");
+        assert!(!urgent);
+        // The same state again: nothing.
+        assert_eq!(transitions(&mut ann, &r), (vec![], false));
+        // A new conflict: one Event, urgent.
+        let held = BTreeMap::from([(
+            8470,
+            PortState::Conflict {
+                reason: ConflictReason::BeforeStart,
+                owner: None,
+            },
+        )]);
+        let r2 = observe(&g, Some(&e), &held, &BTreeMap::new(), &[]);
+        let (ev, urgent) = transitions(&mut ann, &r2);
+        assert_eq!(
+            ev,
+            vec![(
+                "PortConflict",
+                "port 8470 was already listening before container trainer started; trainer cannot listen on it".to_string()
+            )]
+        );
+        assert!(urgent);
+        assert_eq!(transitions(&mut ann, &r2), (vec![], false));
+        // Cleared, then back: announced again.
+        transitions(&mut ann, &r);
+        assert_eq!(transitions(&mut ann, &r2).0.len(), 1);
+
+        // Unavailable NVML with GPUs expected.
+        let mut ann = Announced::default();
+        let none = GpuInfo {
+            devices: vec![],
+            driver: None,
+            nvml: Err(Unavailable::InitFailed {
+                why: "NVIDIA driver is not loaded".into(),
+            }),
+        };
+        let one = limit(1);
+        let r = observe(&none, Some(&one), &free, &BTreeMap::new(), &[]);
+        let (ev, _) = transitions(&mut ann, &r);
+        assert_eq!(
+            ev,
+            vec![(
+                "GPUUnavailable",
+                "container trainer expects 1 GPU (resources.limits[\"nvidia.com/gpu\"]) but NVML is unavailable: init failed: NVIDIA driver is not loaded".to_string()
+            )]
+        );
+        assert!(transitions(&mut ann, &r).0.is_empty());
+    }
+
+    #[test]
+    fn the_report_stays_under_16_kib() {
+        let g = gpus(8);
+        let kill = OomKill {
+            time: "2026-11-21T10:00:00Z".into(),
+            container: "trainer".into(),
+            source: "cgroup",
+            process: None,
+            group: false,
+            memory_usage: Some(1),
+            memory_peak: Some(1),
+            memory_limit: Some("2Gi".into()),
+            restart_count: None,
+            exit_code: None,
+        };
+        let recent: Vec<OomKill> = (0..20).map(|_| kill.clone()).collect();
+        let ports: BTreeMap<u16, PortState> = (1000..1700).map(|p| (p, PortState::Free)).collect();
+        let by = BTreeMap::from([("trainer".to_string(), 20)]);
+        let r = observe(&g, None, &ports, &by, &recent);
+        let json = render(&r);
+        assert!(json.len() <= REPORT_MAX, "{}", json.len());
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["truncated"], true);
+        assert_eq!(v["oom"]["kills"], 20);
+    }
+
+    /// One evaluation through [`State::step`], as the engine makes it.
+    fn step(
+        state: &mut State,
+        g: &GpuInfo,
+        e: Option<&Expected>,
+        ports: &BTreeMap<u16, PortState>,
+        kills: &[OomKill],
+    ) -> Step {
+        let by = if kills.is_empty() {
+            BTreeMap::new()
+        } else {
+            BTreeMap::from([("trainer".to_string(), kills.len() as u64)])
+        };
+        state.step(Observed {
+            mode: "exec",
+            container: "trainer",
+            since: "2026-11-21T10:00:00Z",
+            gpu: g,
+            expected: e,
+            ports,
+            oom_total: kills.len() as u64,
+            oom_by_container: &by,
+            oom_recent: kills,
+            oom_sources: vec!["pod status".into()],
+            errors: BTreeMap::new(),
+        })
+    }
+
+    fn reasons(s: &Step) -> Vec<&str> {
+        s.events.iter().map(|(r, _)| *r).collect()
+    }
+
+    fn free() -> BTreeMap<u16, PortState> {
+        BTreeMap::from([(8470, PortState::Free)])
+    }
+
+    fn conflict() -> BTreeMap<u16, PortState> {
+        BTreeMap::from([(
+            8470,
+            PortState::Conflict {
+                reason: ConflictReason::ForeignProcess,
+                owner: Some(Owner {
+                    pid: 7,
+                    comm: "nc".into(),
+                }),
+            },
+        )])
+    }
+
+    #[test]
+    fn step_gpu_mismatch_degrades_once_then_recovers_to_ok() {
+        let mut st = State::default();
+        let e = limit(4);
+        let ok = step(&mut st, &gpus(4), Some(&e), &free(), &[]);
+        assert_eq!(ok.report.health, Health::Ok);
+        assert!(ok.events.is_empty());
+        assert!(!ok.urgent);
+        assert_eq!(
+            ok.summary.as_deref(),
+            Some("health=ok gpus=4/4 nvml=\"ok\" ports=8470:free oom_kills=0")
+        );
+
+        let lost = step(&mut st, &gpus(3), Some(&e), &free(), &[]);
+        assert_eq!(lost.report.health, Health::Degraded);
+        assert_eq!(reasons(&lost), ["GPUCountMismatch"]);
+        assert_eq!(
+            lost.events[0].1,
+            "container trainer sees 3 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])"
+        );
+        assert_eq!(lost.annotations[keys::HEALTH], Some("degraded".into()));
+        assert_eq!(lost.annotations[keys::GPU_COUNT], Some("3".into()));
+
+        // The same mismatch again: no new Event, no new log line.
+        let again = step(&mut st, &gpus(3), Some(&e), &free(), &[]);
+        assert!(again.events.is_empty());
+        assert_eq!(again.summary, None);
+
+        let back = step(&mut st, &gpus(4), Some(&e), &free(), &[]);
+        assert_eq!(back.report.health, Health::Ok);
+        assert!(back.report.reasons.is_empty());
+        assert!(back.events.is_empty(), "recovery is no Warning");
+        assert_eq!(back.annotations[keys::HEALTH], Some("ok".into()));
+    }
+
+    #[test]
+    fn step_gpu_unavailable_is_announced_once() {
+        let mut st = State::default();
+        let none = GpuInfo {
+            devices: vec![],
+            driver: None,
+            nvml: Err(Unavailable::LibraryNotFound {
+                lib: "libnvidia-ml.so.1".into(),
+                why: "not found".into(),
+            }),
+        };
+        let e = limit(2);
+        let s = step(&mut st, &none, Some(&e), &free(), &[]);
+        assert_eq!(s.report.health, Health::Degraded);
+        assert_eq!(s.report.gpu.status, GpuStatus::Unavailable);
+        assert_eq!(reasons(&s), ["GPUUnavailable"]);
+        assert!(
+            s.events[0]
+                .1
+                .starts_with("container trainer expects 2 GPUs (resources.limits[\"nvidia.com/gpu\"]) but NVML is unavailable: "),
+            "{}",
+            s.events[0].1
+        );
+        assert!(
+            step(&mut st, &none, Some(&e), &free(), &[])
+                .events
+                .is_empty()
+        );
+        // Without an expected count, no GPU is no problem.
+        let mut st = State::default();
+        let s = step(&mut st, &none, None, &free(), &[]);
+        assert_eq!(s.report.health, Health::Ok);
+        assert!(s.events.is_empty());
+    }
+
+    #[test]
+    fn step_port_conflict_appears_urgently_and_clears() {
+        let mut st = State::default();
+        step(&mut st, &gpus(0), None, &free(), &[]);
+        let c = step(&mut st, &gpus(0), None, &conflict(), &[]);
+        assert_eq!(c.report.health, Health::Degraded);
+        assert_eq!(reasons(&c), ["PortConflict"]);
+        assert!(c.urgent, "a new conflict goes out at once");
+        assert_eq!(c.annotations[keys::PORT_CONFLICT], Some("8470".into()));
+
+        let still = step(&mut st, &gpus(0), None, &conflict(), &[]);
+        assert!(still.events.is_empty());
+        assert!(!still.urgent);
+
+        let cleared = step(&mut st, &gpus(0), None, &free(), &[]);
+        assert_eq!(cleared.report.health, Health::Ok);
+        assert!(cleared.events.is_empty());
+        assert_eq!(
+            cleared.annotations[keys::PORT_CONFLICT],
+            None,
+            "the annotation is removed"
+        );
+        // Appearing again is a new transition.
+        assert_eq!(
+            reasons(&step(&mut st, &gpus(0), None, &conflict(), &[])),
+            ["PortConflict"]
+        );
+    }
+
+    #[test]
+    fn step_oom_kill_degrades_and_is_counted() {
+        let mut st = State::default();
+        assert_eq!(
+            step(&mut st, &gpus(0), None, &free(), &[]).report.health,
+            Health::Ok
+        );
+        let kill = OomKill {
+            time: "2026-11-21T10:05:00Z".into(),
+            container: "trainer".into(),
+            source: "cgroup",
+            process: None,
+            group: false,
+            memory_usage: None,
+            memory_peak: None,
+            memory_limit: Some("2Gi".into()),
+            restart_count: None,
+            exit_code: None,
+        };
+        let s = step(
+            &mut st,
+            &gpus(0),
+            None,
+            &free(),
+            std::slice::from_ref(&kill),
+        );
+        assert_eq!(s.report.health, Health::Degraded);
+        assert_eq!(s.annotations[keys::OOM_KILLS], Some("1".into()));
+        assert_eq!(
+            s.report.reasons,
+            [format!(
+                "1 OOM kill since 2026-11-21T10:00:00Z (last: {})",
+                kill.message()
+            )]
+        );
+        // OOMKill Events are emitted where kills are recorded, one each, not here.
+        assert!(s.events.is_empty());
+        let v: serde_json::Value =
+            serde_json::from_str(s.annotations[keys::REPORT].as_ref().unwrap()).unwrap();
+        assert_eq!(v["oom"]["kills"], 1);
+        assert_eq!(v["health"], "degraded");
+    }
+}

@@ -1,0 +1,250 @@
+//! Pure facts about the own pod, as the reporters need them: which container is the
+//! training container, what it asks for (GPUs, memory, ports), and where it stands
+//! (not started, running since, finished for good).
+
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
+
+use super::gpu::Expected;
+
+/// The extended resource name of NVIDIA GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Whether a container is trainlet's own: named `trainlet...`, or running
+/// `trainlet sidecar`.
+pub fn is_trainlet_container(c: &Container) -> bool {
+    if c.name.starts_with("trainlet") {
+        return true;
+    }
+    let words: Vec<&str> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    words.iter().any(|w| w.ends_with("trainlet")) && words.contains(&"sidecar")
+}
+
+/// The training container: `--container`, else the first container that is not
+/// trainlet's.
+pub fn training_container<'a>(pod: &'a Pod, name: Option<&str>) -> Option<&'a Container> {
+    let spec = pod.spec.as_ref()?;
+    match name {
+        Some(n) => spec.containers.iter().find(|c| c.name == n),
+        None => spec.containers.iter().find(|c| !is_trainlet_container(c)),
+    }
+}
+
+/// The expected GPU count: `--expect-gpus`, else the training container's
+/// `resources.limits["nvidia.com/gpu"]`.
+pub fn expected_gpus(flag: Option<u32>, container: Option<&Container>) -> Option<Expected> {
+    if let Some(n) = flag {
+        return Some(Expected {
+            count: n,
+            source: "--expect-gpus".into(),
+        });
+    }
+    let q = container?
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get(GPU_RESOURCE)?;
+    Some(Expected {
+        count: q.0.trim().parse().ok()?,
+        source: format!("resources.limits[\"{GPU_RESOURCE}\"]"),
+    })
+}
+
+/// The container's TCP containerPorts.
+pub fn container_ports(c: &Container) -> Vec<u16> {
+    let mut v: Vec<u16> = c
+        .ports
+        .iter()
+        .flatten()
+        .filter(|p| p.protocol.as_deref().is_none_or(|p| p == "TCP"))
+        .filter_map(|p| u16::try_from(p.container_port).ok())
+        .filter(|p| *p != 0)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The memory limit of a container as written in its spec (`2Gi`).
+pub fn memory_limit(c: &Container) -> Option<String> {
+    Some(
+        c.resources
+            .as_ref()?
+            .limits
+            .as_ref()?
+            .get("memory")?
+            .0
+            .clone(),
+    )
+}
+
+/// What the own pod says about the training container, from the latest watch event.
+#[derive(Debug, Clone, Default)]
+pub struct PodView {
+    pub pod: Option<Pod>,
+}
+
+impl PodView {
+    /// The training container: the named one, else the first that is not trainlet's.
+    pub fn container<'a>(&'a self, name: Option<&str>) -> Option<&'a Container> {
+        training_container(self.pod.as_ref()?, name)
+    }
+
+    /// The status of a container, by name.
+    pub fn status(&self, name: &str) -> Option<&ContainerStatus> {
+        self.pod
+            .as_ref()?
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .iter()
+            .find(|s| s.name == name)
+    }
+
+    pub fn host_network(&self) -> bool {
+        self.pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.host_network)
+            .unwrap_or(false)
+    }
+
+    /// Whether the container has not started yet, as far as the pod says.
+    pub fn not_started(&self, container: &str) -> bool {
+        if self.pod.is_none() {
+            return false;
+        }
+        match self.status(container) {
+            None => true,
+            Some(s) => s
+                .state
+                .as_ref()
+                .is_none_or(|st| st.running.is_none() && st.terminated.is_none()),
+        }
+    }
+
+    /// When the container's current run started.
+    pub fn started_at(&self, container: &str) -> Option<SystemTime> {
+        let st = self.status(container)?;
+        let t = st.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
+        Some(SystemTime::from(t.0))
+    }
+
+    /// The container's runtime ID without its `containerd://` scheme.
+    pub fn container_id(&self, container: &str) -> Option<String> {
+        let id = self.status(container)?.container_id.clone()?;
+        let id = id
+            .split_once("://")
+            .map_or(id.as_str(), |(_, i)| i)
+            .to_string();
+        (!id.is_empty()).then_some(id)
+    }
+
+    /// Whether the container has terminated for good, so a classic sidecar may exit and
+    /// let the Job complete: the pod is finished, or the container terminated and the
+    /// restart policy will not start it again.
+    pub fn finished(&self, container: &str) -> bool {
+        let Some(pod) = &self.pod else {
+            return false;
+        };
+        if matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ) {
+            return true;
+        }
+        let restart = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.as_deref())
+            .unwrap_or("Always");
+        let Some(st) = self.status(container) else {
+            return false;
+        };
+        let Some(t) = st.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+            return false;
+        };
+        match restart {
+            "Never" => true,
+            "OnFailure" => t.exit_code == 0,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(json: serde_json::Value) -> Container {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn pod_spec_helpers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "trainlet", "image": "trainlet:1", "args": ["sidecar"]},
+                {"name": "trainer", "image": "tf:2", "ports": [{"containerPort": 2222}, {"containerPort": 8470}, {"containerPort": 53, "protocol": "UDP"}],
+                 "resources": {"limits": {"nvidia.com/gpu": "4", "memory": "2Gi"}}}
+            ]}
+        }))
+        .unwrap();
+        let c = training_container(&pod, None).unwrap();
+        assert_eq!(c.name, "trainer");
+        assert_eq!(
+            training_container(&pod, Some("trainlet")).unwrap().name,
+            "trainlet"
+        );
+        assert!(training_container(&pod, Some("nope")).is_none());
+        assert_eq!(container_ports(c), vec![2222, 8470]);
+        assert_eq!(expected_gpus(None, Some(c)).unwrap().count, 4);
+        assert_eq!(
+            expected_gpus(Some(2), Some(c)).unwrap().source,
+            "--expect-gpus"
+        );
+        assert_eq!(memory_limit(c), Some("2Gi".into()));
+        let side = container(
+            serde_json::json!({"name": "reporter", "image": "x", "command": ["/bin/trainlet"], "args": ["sidecar", "--interval", "5s"]}),
+        );
+        assert!(is_trainlet_container(&side));
+        let exec = container(
+            serde_json::json!({"name": "main", "image": "x", "command": ["/trainlet/trainlet", "exec", "--report", "--", "python"]}),
+        );
+        assert!(!is_trainlet_container(&exec));
+    }
+
+    #[test]
+    fn a_container_is_finished_only_when_it_will_not_restart() {
+        let pod = |restart: &str, exit: i32| {
+            PodView {
+            pod: Some(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "p"},
+                    "spec": {"restartPolicy": restart, "containers": [{"name": "trainer", "image": "x"}]},
+                    "status": {"phase": "Running", "containerStatuses": [{
+                        "name": "trainer", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": exit}}
+                    }]}
+                }))
+                .unwrap(),
+            ),
+        }
+        };
+        assert!(pod("Never", 1).finished("trainer"));
+        assert!(pod("OnFailure", 0).finished("trainer"));
+        assert!(!pod("OnFailure", 1).finished("trainer"));
+        assert!(!pod("Always", 0).finished("trainer"));
+        assert!(!PodView::default().finished("trainer"));
+    }
+}

@@ -1,0 +1,43 @@
+//! trainlet's integration tests, as ONE test binary (`cargo test --test it`) with a
+//! module per area, the layout ripgrep's tests/ use: one link instead of one per area,
+//! and every test in one process, so the `OnceLock`s in the support code (the control
+//! plane's kubeconfig, the C fixtures built with `cc`) are set up once per run.
+//!
+//! - `support` (tests/it/support/mod.rs): what every area uses: the real kube-apiserver
+//!   and etcd started by `tests/control-plane/up`, fresh namespaces, pods from short
+//!   specs, the kubelet player, RBAC with minted ServiceAccount tokens, the built
+//!   `trainlet` binary as a subprocess.
+//! - `report_support` (tests/it/report_support.rs): what the `report_*` areas add on
+//!   top of `support`: the fake NVML and memory hog built from tests/fixtures/, a
+//!   running reporter with its admin endpoint, annotations, Warning Events, memory
+//!   cgroups.
+//! - one module per area; each says `use crate::support::*;` (and the `report_*` ones
+//!   `use crate::report_support::*;`).
+//!
+//! Why `report_support` is a sibling of `support` here, not `support::report`: the
+//! benchmark (benches/trainlet/main.rs) compiles the same two files into its own crate
+//! with `#[path = "../../tests/it/support/mod.rs"] mod support;` and
+//! `#[path = "../../tests/it/report_support.rs"] mod report_support;`, both at its
+//! crate root, as this file declares them at this crate's root. So in both crates
+//! `report_support` reaches `support` as `crate::support`, and the bench's own modules
+//! keep their `crate::support` and `crate::report_support` paths. Keep both files free
+//! of `super::` paths and of paths relative to their own location (`include_str!`,
+//! `#[path]`); `concat!(env!("CARGO_MANIFEST_DIR"), ...)` and `support::repo()` are
+//! fine, since both crates share the manifest dir.
+//!
+//! Fixtures stay in tests/fixtures/ and the control plane in tests/control-plane/;
+//! tests reach them through `support::repo()`, not through paths relative to this file.
+
+mod support;
+
+mod report_support;
+
+mod control_plane;
+mod init;
+mod init_faults;
+mod inject;
+mod packaging;
+mod report_gpu;
+mod report_lifecycle;
+mod report_oom;
+mod report_ports;
