@@ -83,6 +83,12 @@ pub async fn run(
     cfg: &InitConfig,
     describe: impl Fn(&InitError) -> String,
 ) -> Result<Outcome, InitError> {
+    // A run killed between creating and renaming a file left it behind.
+    for dir in std::iter::once(&cfg.output_dir).chain(&cfg.install_to) {
+        for f in tfconfig::remove_leftovers(dir) {
+            info!("removed {}, left by an earlier run", f.display());
+        }
+    }
     let (client, id, own) = kube::connect_own_pod(&cfg.kube).await?;
     let own_uid = own.metadata.uid.clone().unwrap_or_default();
     let resolver = &cfg.cluster.resolver;
@@ -237,7 +243,7 @@ fn install_binary(dir: &Path) -> Result<(), InitError> {
     })?;
     let bytes = std::fs::read(&exe)
         .map_err(|e| InitError::Install(format!("cannot read {}: {e}", exe.display())))?;
-    tfconfig::write_atomic(dir, "trainlet", &bytes)?;
+    tfconfig::write_atomic(dir, tfconfig::BINARY_FILE, &bytes)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.join("trainlet"), std::fs::Permissions::from_mode(0o755))
         .map_err(|e| {

@@ -31,6 +31,8 @@ pub mod cluster;
 pub mod cmd;
 /// Exit codes, on purpose, one per kind of failure.
 pub mod exit;
+/// Giving a burst's freed heap back to the kernel.
+pub mod heap;
 /// `trainlet inject`: adds trainlet to existing pod templates.
 pub mod inject;
 /// Kubernetes client, the pod's own identity, and API errors that name what RBAC lacks.
@@ -52,3 +54,6 @@ pub mod signal;
 pub mod tfconfig;
 
 pub use exit::{Code, Exit, Failure};
+
+#[cfg(test)]
+mod testing;

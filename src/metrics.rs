@@ -11,10 +11,19 @@
 //! The server is plain HTTP/1 on hyper, one small task per connection on the same
 //! single-threaded runtime as the reporters: a scrape every 15 s costs nothing worth a
 //! thread.
+//!
+//! The port is reachable by anything in the cluster network, and the sidecar lives in a
+//! 128 MiB container, so the server is bounded as a Go server with `ReadHeaderTimeout`
+//! and `MaxHeaderBytes` is: a client has [`HEADER_READ_TIMEOUT`] to send its request
+//! head (also between the requests of a kept-alive connection), a connection's read
+//! buffer holds at most [`MAX_BUFFER`] bytes (a larger head is refused), and at most
+//! [`MAX_CONNECTIONS`] are served at once; past that a new connection is closed at once.
+//! 500 slow clients then cost a few MiB, not hyper's default 400 KiB each.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -76,6 +85,7 @@ pub struct Metrics {
     pub health: Gauge,
     pub annotation_patches: Counter,
     pub api_errors: Counter,
+    pub admin_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -95,6 +105,7 @@ impl Metrics {
             health: Gauge::default(),
             annotation_patches: Counter::default(),
             api_errors: Counter::default(),
+            admin_refused: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("gpus", "GPUs visible through NVML", m.gpus.clone());
@@ -127,6 +138,11 @@ impl Metrics {
             "api_errors",
             "Failed Kubernetes API calls (patches, Events, the pod watch)",
             m.api_errors.clone(),
+        );
+        registry.register(
+            "admin_connections_refused",
+            "Admin connections closed at once because 1024 were already open",
+            m.admin_refused.clone(),
         );
         registry.register(
             "build",
@@ -210,6 +226,17 @@ impl Readiness {
     }
 }
 
+/// How long a client may take to send a request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most a connection buffers: a request head larger than this is refused (hyper's
+/// minimum is 8 KiB; Prometheus sends well under 1 KiB).
+pub const MAX_BUFFER: usize = 16 * 1024;
+/// The most connections served at once.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Open connections above this are a burst: its buffers are handed back to the kernel
+/// once the last connection has closed (Prometheus keeps one or two open).
+const BURST: usize = 32;
+
 /// Binds the admin server's socket. Separate from [`serve`] so that a bind failure is
 /// reported before anything else starts.
 pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
@@ -225,27 +252,46 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, rea
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /livez and /readyz");
     }
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let burst = Arc::new(AtomicBool::new(false));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 debug!("accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "{MAX_CONNECTIONS} admin connections open; closing this one");
+            metrics.admin_refused.inc();
+            continue;
+        };
+        if MAX_CONNECTIONS - slots.available_permits() > BURST {
+            burst.store(true, Ordering::Relaxed);
+        }
         let metrics = metrics.clone();
         let ready = ready.clone();
+        let (slots, burst) = (slots.clone(), burst.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let resp = route(&req, &metrics, &ready);
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_BUFFER)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await
             {
                 debug!(%peer, "admin connection ended: {e}");
+            }
+            drop(slot);
+            if slots.available_permits() == MAX_CONNECTIONS && burst.swap(false, Ordering::Relaxed)
+            {
+                crate::heap::release_freed();
             }
         });
     }

@@ -22,6 +22,12 @@ use crate::cluster::{Cluster, Peer, Task};
 pub const TF_CONFIG_FILE: &str = "tf_config.json";
 pub const ENV_FILE: &str = "trainlet.env";
 pub const CLUSTER_FILE: &str = "cluster.json";
+/// The binary `init --install-to` copies.
+pub const BINARY_FILE: &str = "trainlet";
+/// Everything trainlet writes with [`write_atomic`].
+const WRITTEN: [&str; 4] = [TF_CONFIG_FILE, ENV_FILE, CLUSTER_FILE, BINARY_FILE];
+/// The random part of a temporary file's name: `.{name}.` and this many alphanumerics.
+const TEMP_RANDOM: usize = 6;
 
 #[derive(Debug, Error)]
 pub enum OutputError {
@@ -186,6 +192,7 @@ pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), Outpu
     };
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
+        .rand_bytes(TEMP_RANDOM)
         .tempfile_in(dir)
         .map_err(err)?;
     tmp.write_all(contents).map_err(err)?;
@@ -199,6 +206,33 @@ pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), Outpu
         .map_err(err)?;
     tmp.persist(&path).map_err(|e| err(e.error))?;
     Ok(())
+}
+
+/// Whether a file name is one of [`write_atomic`]'s temporary files, which a run killed
+/// between creating and renaming it leaves behind: `.tf_config.json.a1B2c3`. Nothing
+/// else matches, so a clean-up never touches a file that is not trainlet's.
+pub fn is_leftover(file: &str) -> bool {
+    WRITTEN.iter().any(|name| {
+        file.strip_prefix('.')
+            .and_then(|f| f.strip_prefix(name))
+            .and_then(|f| f.strip_prefix('.'))
+            .is_some_and(|r| r.len() == TEMP_RANDOM && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+    })
+}
+
+/// Removes the temporary files that an earlier, killed run left in `dir`, so that a
+/// retry starts clean. Best effort: returns the files removed.
+pub fn remove_leftovers(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| e.file_name().to_str().is_some_and(is_leftover))
+        .map(|e| e.path())
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .collect()
 }
 
 /// Reads a TF_CONFIG written earlier, e.g. by the init container, for `trainlet exec`.
@@ -318,5 +352,55 @@ mod tests {
             std::fs::read_to_string(dir.path().join("a.json")).unwrap(),
             "{\"x\":1}"
         );
+    }
+
+    #[test]
+    fn only_trainlets_own_temporary_files_are_leftovers() {
+        for ok in [
+            ".tf_config.json.a1B2c3",
+            ".cluster.json.XXXXXX",
+            ".trainlet.env.000000",
+            ".trainlet.Zz9Zz9",
+        ] {
+            assert!(is_leftover(ok), "{ok}");
+        }
+        for not in [
+            "tf_config.json",
+            ".tf_config.json",
+            ".tf_config.json.a1B2c",
+            ".tf_config.json.a1B2c3d",
+            ".tf_config.json.a1B2c-",
+            ".model.ckpt.a1B2c3",
+            ".trainlet.a1B2c3.tmp",
+            "trainlet.a1B2c3",
+        ] {
+            assert!(!is_leftover(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn leftovers_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [
+            ".cluster.json.Ab3dE9",
+            ".trainlet.q1w2e3",
+            "keep.txt",
+            ".keep.a1b2c3",
+        ] {
+            std::fs::write(dir.path().join(f), "x").unwrap();
+        }
+        write_atomic(dir.path(), TF_CONFIG_FILE, b"{}").unwrap();
+        let mut removed: Vec<String> = remove_leftovers(dir.path())
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        removed.sort();
+        assert_eq!(removed, [".cluster.json.Ab3dE9", ".trainlet.q1w2e3"]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".keep.a1b2c3", "keep.txt", "tf_config.json"]);
     }
 }

@@ -559,3 +559,100 @@ fn rewrapping_with_another_install_dir_replaces_the_wrapper() {
     // And back to the default: no stale TRAINLET_OUTPUT_DIR.
     assert_eq!(inject(&moved.yaml, &a).unwrap().yaml, once.yaml);
 }
+
+mod properties {
+    use super::*;
+    use crate::testing::budget;
+    use proptest::prelude::*;
+
+    /// A Job whose names, labels, args and env values are arbitrary.
+    fn job() -> impl Strategy<Value = String> {
+        (
+            "[a-z][a-z0-9-]{0,20}",
+            proptest::collection::vec("[a-z][a-z0-9-]{0,10}", 1..4),
+            proptest::collection::vec("[ -~]{0,30}", 0..4),
+            proptest::collection::vec(("[A-Z][A-Z0-9_]{0,10}", "[ -~]{0,30}"), 0..3),
+            any::<bool>(),
+        )
+            .prop_map(|(name, containers, args, env, indexed)| {
+                let mut y = format!(
+                    "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\nspec:\n{}  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      restartPolicy: Never\n      containers:\n",
+                    if indexed { "  completionMode: Indexed\n  completions: 2\n" } else { "" }
+                );
+                for (i, c) in containers.iter().enumerate() {
+                    y.push_str(&format!("        - name: {c}{i}\n          image: example.com/{c}:1\n          command: [python]\n"));
+                    y.push_str(&format!("          args: {}\n", serde_json::to_string(&args).unwrap()));
+                    if !env.is_empty() {
+                        y.push_str("          env:\n");
+                        for (k, v) in &env {
+                            y.push_str(&format!("            - {{name: {k}, value: {}}}\n", serde_json::to_string(v).unwrap()));
+                        }
+                    }
+                }
+                y
+            })
+    }
+
+    /// A document inject must leave alone, with comments and odd scalars.
+    fn other() -> impl Strategy<Value = String> {
+        (
+            "[a-z][a-z0-9-]{0,20}",
+            proptest::collection::btree_map("[a-z][a-z0-9_.-]{0,10}", prop_oneof!["[ -~]{0,20}".prop_map(|s| serde_json::to_string(&s).unwrap()), Just("0644".to_string()), Just("on".to_string()), Just("~".to_string()), Just("-1".to_string())], 0..5),
+        )
+            .prop_map(|(name, data)| {
+                let mut y = format!("# keep me\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}  # and me\ndata:\n");
+                for (k, v) in data {
+                    y.push_str(&format!("  {k}: {v}\n"));
+                }
+                y
+            })
+    }
+
+    proptest! {
+        #![proptest_config(budget(64))]
+
+        #[test]
+        fn output_reparses_is_idempotent_and_leaves_other_documents_alone(
+            job in job(),
+            before in other(),
+            after in other(),
+            wrap in any::<bool>(),
+        ) {
+            let src = format!("{before}---\n{job}---\n{after}");
+            let mut args = vec!["--job", "worker=app=x"];
+            if wrap {
+                args.extend(["--wrap", "zz-not-there"]);
+            }
+            let cfg = config(&args);
+            let out = match inject(&src, &cfg) {
+                Ok(out) => out,
+                // --wrap of a container no template has is the only refusal here.
+                Err(e) => {
+                    prop_assert!(wrap, "{e}");
+                    let not_found = matches!(e, TransformError::WrapNotFound { .. });
+                    prop_assert!(not_found, "{e}");
+                    return Ok(());
+                }
+            };
+            let docs: Vec<_> = yaml::split_documents(&out.yaml);
+            prop_assert_eq!(docs.len(), 3);
+            for d in &docs {
+                prop_assert!(yaml::parse(d).is_ok(), "{}", d.text);
+            }
+            // The other documents come back byte for byte, comments included.
+            prop_assert_eq!(docs[0].text.trim_end(), before.trim_end());
+            prop_assert_eq!(docs[2].text.trim_end(), after.trim_end());
+            // The job got the init container and the sidecar.
+            let j = yaml::to_json(&yaml::parse(&docs[1]).unwrap()[0]);
+            let inits: Vec<&str> = j["spec"]["template"]["spec"]["initContainers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect();
+            prop_assert_eq!(inits, ["trainlet-init", "trainlet"]);
+            let twice = inject(&out.yaml, &cfg).unwrap();
+            prop_assert_eq!(twice.yaml, out.yaml);
+        }
+    }
+}

@@ -49,18 +49,47 @@ pub fn parse_duration(flag: &str, value: &str) -> Result<Duration, Failure> {
 }
 
 /// `--log-level`, in tracing's EnvFilter syntax.
+///
+/// kube's client logs every failed request at ERROR ("failed with error client error
+/// (Connect)") and returns the error, which trainlet then reports in its own words: a
+/// failure would print two lines. So that log is off unless the filter names
+/// `kube_client`.
 pub fn log_filter(value: &str) -> Result<EnvFilter, Failure> {
-    EnvFilter::try_new(value)
-        .map_err(|e| Failure::usage(format!("invalid --log-level {value:?}: {e}")))
+    let filter = EnvFilter::try_new(value)
+        .map_err(|e| Failure::usage(format!("invalid --log-level {value:?}: {e}")))?;
+    Ok(if value.contains("kube_client") {
+        filter
+    } else {
+        filter.add_directive(
+            "kube_client::client::builder=off"
+                .parse()
+                .expect("a valid directive"),
+        )
+    })
 }
 
 /// How to reach the API server and who "self" is; the environment's defaults
 /// ($POD_NAME, the service account) are applied by `kube` when they are needed.
-pub fn kube_settings(a: &KubeArgs) -> kube::Settings {
-    kube::Settings {
+pub fn kube_settings(a: &KubeArgs) -> Result<kube::Settings, Failure> {
+    if let Some(ns) = &a.pod_namespace {
+        namespace("--pod-namespace", ns)?;
+    }
+    Ok(kube::Settings {
         kubeconfig: a.kubeconfig.clone(),
         pod_name: a.pod_name.clone(),
         pod_namespace: a.pod_namespace.clone(),
+    })
+}
+
+/// A namespace name is a DNS label (RFC 1123): one the API server would refuse is a
+/// usage error now, not a wait until the timeout.
+fn namespace(flag: &str, ns: &str) -> Result<(), Failure> {
+    if cluster::is_dns_label(ns) {
+        Ok(())
+    } else {
+        Err(Failure::usage(format!(
+            "invalid {flag} {ns:?}: a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+        )))
     }
 }
 
@@ -106,6 +135,9 @@ pub fn cluster_config(a: &ClusterArgs) -> Result<ClusterConfig, Failure> {
             a.rpc_layer,
             defaults::RPC_LAYER
         )));
+    }
+    if let Some(ns) = &a.namespace {
+        namespace("--namespace", ns)?;
     }
     let namespaces = match (&a.namespace, a.all_namespaces) {
         (_, true) => Namespaces::All,
@@ -155,7 +187,7 @@ pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
         }
     }
     Ok(InitConfig {
-        kube: kube_settings(&a.kube),
+        kube: kube_settings(&a.kube)?,
         cluster,
         timeout: (!timeout.is_zero()).then_some(timeout),
         output_dir: a.output.output_dir.clone(),
@@ -214,7 +246,7 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
     }
     Ok(ReportConfig {
         mode,
-        kube: kube_settings(kube),
+        kube: kube_settings(kube)?,
         nvml_lib: r.nvml_lib.clone(),
         expect_gpus: r.expect_gpus,
         container: r.container.clone().filter(|c| !c.is_empty()),
@@ -568,5 +600,30 @@ mod tests {
             e.to_string(),
             "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
         );
+    }
+
+    mod properties {
+        use super::*;
+        use crate::testing::budget;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(budget(512))]
+
+            #[test]
+            fn durations_never_panic_and_fail_as_usage(text in "\\PC{0,40}") {
+                if let Err(f) = parse_duration("--timeout", &text) {
+                    prop_assert_eq!(f.code, Code::Usage);
+                    prop_assert!(f.message.starts_with("invalid --timeout "));
+                    prop_assert!(!f.message.contains('\n'));
+                }
+            }
+
+            #[test]
+            fn durations_in_each_unit_are_exact(n in 1u64..100_000, unit in prop_oneof![Just(("ms", 1u64)), Just(("s", 1000)), Just(("m", 60_000)), Just(("h", 3_600_000))]) {
+                let d = parse_duration("--interval", &format!("{n}{}", unit.0)).unwrap();
+                prop_assert_eq!(d.as_millis(), u128::from(n * unit.1));
+            }
+        }
     }
 }

@@ -44,6 +44,8 @@ pub struct Cli {
     pub log_format: LogFormat,
 
     /// Log filter, in tracing's EnvFilter syntax, e.g. `info` or `trainlet=debug,kube=warn`.
+    /// The Kubernetes client's own log of each failed request repeats trainlet's error
+    /// and is off unless the filter names it, e.g. `info,kube_client=debug`.
     #[arg(
         long,
         env = "TRAINLET_LOG_LEVEL",

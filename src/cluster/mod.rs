@@ -130,6 +130,18 @@ pub fn add_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
 
 /// Task types become JSON keys and env values; keep them to what TensorFlow and the
 /// operators use (`chief`, `ps`, `worker`, `evaluator`, ...).
+/// Whether a name is an RFC 1123 DNS label, as namespace names are: at most 63
+/// characters of `[a-z0-9-]`, starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
 pub fn validate_task_type(ty: &str) -> Result<(), String> {
     let ok = ty.len() <= 63
         && ty.starts_with(|c: char| c.is_ascii_alphabetic())

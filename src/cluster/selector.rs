@@ -74,12 +74,12 @@ fn parse_requirement(req: &str) -> Result<Expression, String> {
         let body = req[open + 1..]
             .strip_suffix(')')
             .ok_or_else(|| format!("{req:?}: text after ')'"))?;
-        let mut values = BTreeSet::new();
-        for v in body.split(',') {
-            let v = v.trim();
-            validate_value(v)?;
-            values.insert(v.to_string());
+        if body.trim().is_empty() {
+            // Kubernetes reads `in ()` as `in ("")`; written by a person it is a mistake,
+            // and `in ()` would then select no pod at all.
+            return Err(format!("{req:?}: the value set of {op} must not be empty"));
         }
+        let values = value_list(body).map_err(|why| format!("{req:?}: {why}"))?;
         return match op {
             "in" => Ok(Expression::In(key.to_string(), values)),
             "notin" => Ok(Expression::NotIn(key.to_string(), values)),
@@ -111,6 +111,57 @@ fn parse_requirement(req: &str) -> Result<Expression, String> {
     } else {
         Expression::NotEqual(key.into(), value.into())
     })
+}
+
+/// The values between the parentheses of `in`/`notin`, read exactly as Kubernetes'
+/// parser does (apimachinery `labels.Parser.parseIdentifiersList`), empty values
+/// included: `(,a)` and `(a,)` hold `""`, `(a,,b)` too, but `(a,,)` is an error. Any
+/// other reading would accept selectors the API server refuses.
+fn value_list(body: &str) -> Result<BTreeSet<String>, String> {
+    // Tokens: a value, or a comma; the end stands for the closing parenthesis.
+    let mut tokens: Vec<Option<&str>> = Vec::new();
+    for (i, segment) in body.split(',').enumerate() {
+        if i > 0 {
+            tokens.push(None);
+        }
+        tokens.extend(segment.split_whitespace().map(Some));
+    }
+    let mut values = BTreeSet::new();
+    let mut i = 0;
+    loop {
+        match tokens.get(i) {
+            Some(Some(v)) => {
+                validate_value(v)?;
+                values.insert(v.to_string());
+                i += 1;
+                match tokens.get(i) {
+                    Some(None) => {}
+                    None => return Ok(values),
+                    Some(Some(next)) => {
+                        return Err(format!("found {next:?} after {v:?}, expected ',' or ')'"));
+                    }
+                }
+            }
+            Some(None) => {
+                i += 1;
+                if values.is_empty() {
+                    values.insert(String::new());
+                }
+                match tokens.get(i) {
+                    None => {
+                        values.insert(String::new());
+                        return Ok(values);
+                    }
+                    Some(None) => {
+                        i += 1;
+                        values.insert(String::new());
+                    }
+                    Some(Some(_)) => {}
+                }
+            }
+            None => return Err("found ')' after ',', expected a value".into()),
+        }
+    }
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
@@ -240,5 +291,83 @@ mod tests {
                 .unwrap_err()
                 .contains("DNS subdomain")
         );
+    }
+
+    #[test]
+    fn value_lists_read_as_kubernetes_reads_them() {
+        let set = |s: &str| value_list(s).map(|v| v.into_iter().collect::<Vec<_>>());
+        assert_eq!(set("a, b"), Ok(vec!["a".into(), "b".into()]));
+        assert_eq!(set(",a"), Ok(vec!["".into(), "a".into()]));
+        assert_eq!(set("a,"), Ok(vec!["".into(), "a".into()]));
+        assert_eq!(set("a,,b"), Ok(vec!["".into(), "a".into(), "b".into()]));
+        assert_eq!(set(" , "), Ok(vec!["".into()]));
+        assert_eq!(
+            set("a,,"),
+            Err("found ')' after ',', expected a value".into())
+        );
+        assert_eq!(
+            set("a b"),
+            Err("found \"b\" after \"a\", expected ',' or ')'".into())
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use crate::testing::budget;
+        use proptest::prelude::*;
+
+        fn name() -> impl Strategy<Value = String> {
+            "[a-z0-9]([a-z0-9._-]{0,20}[a-z0-9])?"
+        }
+
+        fn key() -> impl Strategy<Value = String> {
+            let dns_label = "[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?";
+            let prefix = proptest::collection::vec(dns_label, 1..4).prop_map(|l| l.join("."));
+            (proptest::option::of(prefix), name()).prop_map(|(prefix, n)| match prefix {
+                Some(p) => format!("{p}/{n}"),
+                None => n,
+            })
+        }
+
+        /// One requirement in any of the Kubernetes selector forms.
+        pub fn requirement() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (key(), name()).prop_map(|(k, v)| format!("{k}={v}")),
+                (key(), name()).prop_map(|(k, v)| format!("{k}=={v}")),
+                (key(), name()).prop_map(|(k, v)| format!("{k}!={v}")),
+                key(),
+                key().prop_map(|k| format!("!{k}")),
+                (key(), proptest::collection::vec(name(), 1..4))
+                    .prop_map(|(k, vs)| format!("{k} in ({})", vs.join(","))),
+                (key(), proptest::collection::vec(name(), 1..4))
+                    .prop_map(|(k, vs)| format!("{k} notin ({})", vs.join(", "))),
+            ]
+        }
+
+        /// A selector of one to four requirements.
+        pub fn selector() -> impl Strategy<Value = String> {
+            proptest::collection::vec(requirement(), 1..5).prop_map(|r| r.join(","))
+        }
+
+        proptest! {
+            #![proptest_config(budget(512))]
+
+            #[test]
+            fn never_panics(input in "\\PC{0,80}") {
+                let _ = parse(&input);
+            }
+
+            #[test]
+            fn never_panics_on_selector_like_text(input in "[a-z!=(), ./-]{0,40}") {
+                let _ = parse(&input);
+            }
+
+            #[test]
+            fn well_formed_selectors_parse_and_round_trip(s in selector()) {
+                let parsed = parse(&s).unwrap();
+                let again = parse(&parsed.to_string()).unwrap();
+                prop_assert_eq!(parsed.to_string(), again.to_string());
+            }
+        }
     }
 }

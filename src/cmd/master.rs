@@ -16,7 +16,7 @@ pub fn run(args: MasterArgs) -> Result<Exit, Failure> {
         tfconfig::read_cluster_file(&file)?.cluster
     } else {
         let cfg = lower::cluster_config(&cluster_args)?;
-        let settings = lower::kube_settings(&args.kube);
+        let settings = lower::kube_settings(&args.kube)?;
         let (c, _) = super::runtime()?.block_on(async {
             let (client, default_ns) = kube::client(settings.kubeconfig.as_deref()).await?;
             let scope = Scope::of(&cfg.namespaces, &settings.pod_namespace(&default_ns));

@@ -13,7 +13,7 @@ use crate::{Exit, Failure, kube};
 
 pub fn run(args: ResolveArgs) -> Result<Exit, Failure> {
     let cfg = lower::cluster_config(&args.cluster)?;
-    let settings = lower::kube_settings(&args.kube);
+    let settings = lower::kube_settings(&args.kube)?;
     let (cluster, task) = super::runtime()?.block_on(async {
         let (client, default_ns) = kube::client(settings.kubeconfig.as_deref()).await?;
         let own_ns = settings.pod_namespace(&default_ns);

@@ -63,13 +63,27 @@ pub async fn resolve_now(
             )));
         }
     }
-    // Without expected counts, the pods that exist are the cluster, as in TensorFlow.
+    // Without expected counts, the pods that exist are the cluster, as in TensorFlow;
+    // but a type without any pod is no cluster at all (a wrong selector or namespace),
+    // not an empty list to succeed with.
     let mut expected = cfg.expected.clone();
     for job in &resolver.jobs {
         let n = refs
             .iter()
             .filter(|p| is_live(p) && resolver.types_of(p).contains(&job.task_type.as_str()))
             .count();
+        if n == 0 && !expected.contains_key(&job.task_type) {
+            let sels: Vec<String> = job.selectors.iter().map(ToString::to_string).collect();
+            return Err(ListError::NotReady(format!(
+                "no live pod matches job type {} ({}) in {}",
+                job.task_type,
+                sels.join(" | "),
+                match scope {
+                    Scope::Namespace(ns) => format!("namespace {ns:?} (does it exist?)"),
+                    Scope::All => "any namespace".to_string(),
+                }
+            )));
+        }
         expected.entry(job.task_type.clone()).or_insert(n);
     }
     let cluster = match resolver.assess(&refs, &expected)? {

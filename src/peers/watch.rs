@@ -136,7 +136,7 @@ async fn watch(
         };
         // PeerPod parses only the fields resolution reads (see cluster::slim).
         watcher(api.clone(), cfg)
-            .default_backoff()
+            .backoff(retry_backoff())
             .map(move |ev| (i, ev))
             .boxed()
     });
@@ -254,6 +254,25 @@ async fn watch(
             }
         }
     }
+}
+
+/// How the watch retries while the API server is away: 100 ms doubling to 500 ms,
+/// with jitter (so at most about 1 s between tries), never giving up.
+///
+/// kube-runtime's default (client-go's 800 ms doubling to 30 s) is kind to a struggling
+/// server, but an agent that waited through a 5 s API server restart then slept about
+/// 10 s more before it looked again, with the whole job waiting on it. An init agent
+/// is blocked until it sees its peers, and the timeout bounds the whole wait, so it
+/// retries at most about once a second (one cheap request per agent) and resumes
+/// within a second of the server answering again.
+fn retry_backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_millis(500))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 fn key(p: &Pod) -> String {

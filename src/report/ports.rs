@@ -542,4 +542,54 @@ mod tests {
         let o = owners(Path::new("/proc"), &inodes);
         assert_eq!(o[&mine[0].inode].pid, std::process::id());
     }
+
+    mod properties {
+        use super::*;
+        use crate::testing::budget;
+        use proptest::prelude::*;
+
+        /// A `/proc/net/tcp` line as the kernel writes it.
+        fn line(sl: usize, ip: u32, port: u16, state: u8, uid: u32, inode: u64) -> String {
+            format!(
+                "{sl:4}: {:08X}:{port:04X} 00000000:0000 {state:02X} 00000000:00000000 00:00000000 00000000 {uid:5} 0 {inode} 1 0000000000000000 100 0 0 10 0",
+                u32::from_ne_bytes(ip.to_be_bytes())
+            )
+        }
+
+        proptest! {
+            #![proptest_config(budget(512))]
+
+            #[test]
+            fn never_panics(text in "\\PC{0,300}") {
+                let _ = parse_proc_net_tcp(&text);
+            }
+
+            #[test]
+            fn never_panics_on_near_misses(text in "( *[0-9A-F:]{0,12} ){0,14}\n?( *[0-9A-F:]{0,12} ){0,14}") {
+                let _ = parse_proc_net_tcp(&format!("header\n{text}"));
+            }
+
+            #[test]
+            fn exactly_the_listeners_are_read(
+                rows in proptest::collection::vec((any::<u32>(), any::<u16>(), prop_oneof![Just(0x0Au8), 1u8..=0x0B], any::<u32>(), any::<u64>()), 0..40)
+            ) {
+                let mut text = String::from("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n");
+                for (i, (ip, port, state, uid, inode)) in rows.iter().enumerate() {
+                    text.push_str(&line(i, *ip, *port, *state, *uid, *inode));
+                    text.push('\n');
+                }
+                let want: Vec<Listener> = rows
+                    .iter()
+                    .filter(|r| r.2 == TCP_LISTEN)
+                    .map(|(ip, port, _, uid, inode)| Listener {
+                        addr: IpAddr::V4(Ipv4Addr::from(*ip)),
+                        port: *port,
+                        uid: *uid,
+                        inode: *inode,
+                    })
+                    .collect();
+                prop_assert_eq!(parse_proc_net_tcp(&text), want);
+            }
+        }
+    }
 }

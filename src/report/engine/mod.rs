@@ -15,6 +15,7 @@
 //! questions; the pod watch is an idle connection; nothing is written to the API
 //! server until something changes.
 
+mod budget;
 pub mod child;
 mod config;
 mod link;

@@ -12,14 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::publish::{keys, truncate};
+pub use super::budget::REPORT_MAX;
+use crate::publish::keys;
 use crate::report::gpu::{self, Expected, GpuDevice, GpuInfo, GpuStatus};
 use crate::report::oom::OomKill;
 use crate::report::ports::{self, PortState};
-
-/// The most `trainlet.io/report` may hold (annotations share a 256 KiB budget per
-/// object; trainlet keeps to a small part of it).
-pub const REPORT_MAX: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -173,38 +170,10 @@ pub fn assemble(o: Observed<'_>) -> Report {
     }
 }
 
-/// The report as JSON of at most [`REPORT_MAX`] bytes: the oldest kills go first,
-/// then device details, then reasons are cut; `truncated` says so.
+/// The report as JSON of at most [`REPORT_MAX`] bytes: see [`super::budget`].
 pub fn render(report: &Report) -> String {
-    let mut r = report.clone();
-    let mut json = serde_json::to_string(&r).expect("a report serializes");
-    while json.len() > REPORT_MAX {
-        r.truncated = true;
-        if !r.oom.recent.is_empty() {
-            r.oom.recent.remove(0);
-        } else if !r.gpu.devices.is_empty() {
-            r.gpu.devices.clear();
-        } else if !r.errors.is_empty() {
-            r.errors.clear();
-        } else if r.ports.len() > 1 {
-            r.ports.retain(|p| p.state.is_conflict());
-            if r.ports.len() > 64 {
-                r.ports.truncate(64);
-            }
-            if serde_json::to_string(&r).map_or(0, |s| s.len()) > REPORT_MAX {
-                r.ports.clear();
-            }
-        } else {
-            for reason in &mut r.reasons {
-                *reason = truncate(reason, 200);
-            }
-            r.reasons.truncate(8);
-            json = serde_json::to_string(&r).expect("a report serializes");
-            break;
-        }
-        json = serde_json::to_string(&r).expect("a report serializes");
-    }
-    json
+    let value = serde_json::to_value(report).expect("a report serializes");
+    super::budget::fit(value, REPORT_MAX)
 }
 
 /// The annotations the pod should carry: `Some` to set, `None` to remove.

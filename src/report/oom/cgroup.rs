@@ -491,4 +491,50 @@ mod tests {
             None
         );
     }
+
+    mod properties {
+        use super::*;
+        use crate::testing::budget;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(budget(512))]
+
+            #[test]
+            fn never_panics(text in "\\PC{0,300}") {
+                let _ = parse_oom_control_v1(&text);
+                let _ = parse_memory_events_v2(&text);
+                let _ = parse_proc_cgroup(&text);
+                let _ = parse_mountinfo(&text);
+                let _ = parse_limit(&text);
+            }
+
+            #[test]
+            fn never_panics_on_near_misses(text in "([a-z_]{0,12} [0-9]{0,20}\n){0,8}|([0-9]{0,3}:[a-z,=]{0,12}:[/a-z0-9]{0,20}\n){0,6}|([0-9 :/a-z-]{0,40}\n){0,6}") {
+                let _ = parse_oom_control_v1(&text);
+                let _ = parse_memory_events_v2(&text);
+                let _ = parse_proc_cgroup(&text);
+                let _ = parse_mountinfo(&text);
+            }
+
+            #[test]
+            fn v2_counters_are_read_exactly(low in any::<u64>(), high in any::<u64>(), kill in any::<u64>(), group in any::<u64>()) {
+                let text = format!("low {low}\nhigh {high}\nmax 0\noom 1\noom_kill {kill}\noom_group_kill {group}\n");
+                let c = parse_memory_events_v2(&text).unwrap();
+                prop_assert_eq!((c.oom_kill, c.oom_group_kill), (kill, group));
+            }
+
+            #[test]
+            fn v1_counters_are_read_exactly(under in 0u64..2, kill in any::<u64>()) {
+                let text = format!("oom_kill_disable 0\nunder_oom {under}\noom_kill {kill}\n");
+                let c = parse_oom_control_v1(&text).unwrap();
+                prop_assert_eq!((c.under_oom, c.oom_kill), (under == 1, kill));
+            }
+
+            #[test]
+            fn limits_parse_to_themselves(v in 0u64..(1 << 62)) {
+                prop_assert_eq!(parse_limit(&format!("{v}\n")), Some(v));
+            }
+        }
+    }
 }

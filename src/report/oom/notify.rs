@@ -2,7 +2,8 @@
 //! registered in `cgroup.event_control` (the kernel signals it when the cgroup goes
 //! under OOM, before the kill), v2 through inotify on `memory.events`. Where neither
 //! can be set up (a read-only cgroup mount has no writable `cgroup.event_control`) the
-//! engine polls. This is the crate's only `unsafe`.
+//! engine polls. Registering the descriptors is one of the crate's two `unsafe` sites;
+//! the other is `heap`'s `malloc_trim`.
 
 use super::cgroup::{Cgroup, CgroupVersion};
 

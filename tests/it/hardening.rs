@@ -1,0 +1,575 @@
+//! Regression tests for the defects adversarial testing found (issue 14), one per
+//! defect, each against the real API server where the API is involved, plus the
+//! property that every selector trainlet accepts, Kubernetes accepts too.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngSeed, TestRunner};
+use serde_json::Value;
+
+use crate::report_support::*;
+use crate::support::*;
+
+/// VmRSS and VmHWM of a process, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Opens 500 connections that each send the start of a request and then a 380 KiB
+/// header, 4 KiB at a time, never finishing it. Returns them when all is sent.
+fn slow_burst(addr: String) -> std::thread::JoinHandle<Vec<TcpStream>> {
+    std::thread::spawn(move || {
+        let mut conns: Vec<TcpStream> = Vec::new();
+        for _ in 0..500 {
+            if let Ok(mut s) = TcpStream::connect(&addr) {
+                s.set_nonblocking(true).unwrap();
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+                conns.push(s);
+            }
+        }
+        let chunk = [b'a'; 4096];
+        for _ in 0..95 {
+            for s in &mut conns {
+                let _ = s.write(&chunk);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        conns
+    })
+}
+
+/// A pod whose sidecar can run: created, bound and Running with a container ID.
+async fn running_pod(client: &kube::Client, ns: &str, name: &str, ports: &[u16]) {
+    let mut spec = pod(name);
+    for (i, p) in ports.iter().enumerate() {
+        spec = spec.port(&format!("p{i}"), i32::from(*p));
+    }
+    spec.create(client, ns).await;
+    let kubelet = Kubelet::new(client, ns);
+    kubelet.run(name, "10.1.0.5").await;
+    kubelet
+        .status(
+            name,
+            running_with_id(
+                "trainer",
+                "containerd://8f2c3a9e0d1b4c5a6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5",
+            ),
+        )
+        .await;
+}
+
+/// Defect 1: 500 connections that each send an unfinished request with a 380 KiB
+/// header drove the sidecar to 206 MB and an OOM kill under its 128 MiB limit, and idle
+/// connections stayed open forever. Now each connection's buffer is bounded, a request
+/// head must arrive within 5 s, and `/metrics` answers during and after the attack.
+#[tokio::test]
+async fn metrics_survives_500_slow_connections_in_128_mib() {
+    let Some(cg) = MemCgroup::new(128 << 20) else {
+        assert!(skip_or_fail("no writable cgroup v1 memory controller"));
+        return;
+    };
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "slowloris", dir.path()).await;
+    running_pod(&client, &ns, "train-0", &[]).await;
+    let mut r = Reporter::start(cg.wrap(&sidecar_cmd(&kc, &ns, "train-0", &[])));
+    r.wait_ready().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rest, _) = rss_kib(r.pid());
+
+    let attack = slow_burst(r.metrics_addr.clone());
+    // During the attack.
+    let mut during = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let got = http_get(&r.metrics_addr, "/metrics");
+        during.push(matches!(got, Ok((200, _, ref body)) if body.contains("trainlet_health")));
+    }
+    let conns = attack.join().unwrap();
+    let (_, peak) = rss_kib(r.pid());
+    assert!(r.alive(), "the sidecar died: {}", r.stderr());
+    assert_eq!(cg.oom_kills(), 0);
+    assert_eq!(during, [true, true, true], "/metrics during the attack");
+
+    // Every slow connection is closed by the server within the header timeout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut still_open = 0;
+    for mut s in conns {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Ok(_) => {
+                // A 431 or 408 answer, then the close.
+                if !matches!(s.read(&mut buf), Ok(0) | Err(_)) {
+                    still_open += 1;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(_) => still_open += 1,
+        }
+    }
+    assert_eq!(still_open, 0, "connections the server kept open");
+    // Idle connections that never send a byte are closed too.
+    let idle: Vec<TcpStream> = (0..50)
+        .map(|_| TcpStream::connect(&r.metrics_addr).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 512];
+        // Closed: end of file (or a reset). Still open: the read times out.
+        let n = s.read(&mut buf);
+        let open = matches!(&n, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+        assert!(!open, "an idle connection is still open");
+    }
+    let (after, _) = rss_kib(r.pid());
+    let text = r.metrics().await;
+    assert!(text.contains("trainlet_health"), "{text}");
+    // Once a burst is over, its buffers go back to the kernel: RSS returns to rest, and
+    // a second burst leaves nothing behind either.
+    drop(slow_burst(r.metrics_addr.clone()).join().unwrap());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (again, hwm) = rss_kib(r.pid());
+    assert!(r.alive());
+    assert_eq!(cg.oom_kills(), 0);
+    eprintln!(
+        "sidecar RSS with 500 slow connections: rest {rest} KiB, during {peak} KiB, after {after} KiB, after a second burst {again} KiB, peak (VmHWM) {hwm} KiB"
+    );
+    assert!(
+        hwm < rest + 24 * 1024,
+        "peak RSS {hwm} KiB, at rest {rest} KiB"
+    );
+    assert!(
+        again < rest + 4 * 1024,
+        "RSS after two bursts {again} KiB, at rest {rest} KiB"
+    );
+    assert!(
+        after < rest + 4 * 1024,
+        "RSS after a burst {after} KiB, at rest {rest} KiB"
+    );
+    assert_eq!(r.terminate().0, 0);
+}
+
+/// Defect 2: a 20,000-character `--nvml-lib` produced a 40,633-byte report, and a
+/// 120,000-character one 240,633 bytes; the API server took both. Now every string is
+/// capped and the report is never more than 16 KiB.
+#[tokio::test]
+async fn the_report_stays_within_16_kib_whatever_the_flags_say() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "bigreport", dir.path()).await;
+    for (i, len) in [20_000usize, 120_000].into_iter().enumerate() {
+        let name = format!("train-{i}");
+        running_pod(&client, &ns, &name, &[]).await;
+        let lib = "/x".repeat(len / 2);
+        let container = "c".repeat(len);
+        let mut r = Reporter::start(sidecar_cmd(
+            &kc,
+            &ns,
+            &name,
+            &[
+                "--nvml-lib",
+                &lib,
+                "--expect-gpus",
+                "1",
+                "--container",
+                &container,
+            ],
+        ));
+        wait_annotation(&client, &ns, &name, "trainlet.io/health", "degraded").await;
+        let report = annotations(&client, &ns, &name).await["trainlet.io/report"].clone();
+        assert!(report.len() <= 16 * 1024, "{} bytes", report.len());
+        let v: Value = serde_json::from_str(&report).unwrap();
+        assert_eq!(v["truncated"], true);
+        assert_eq!(v["health"], "degraded");
+        assert_eq!(v["gpu"]["expected"]["count"], 1);
+        assert!(
+            v["gpu"]["nvml"]
+                .as_str()
+                .unwrap()
+                .starts_with("unavailable: ")
+        );
+        eprintln!(
+            "--nvml-lib of {len} characters: report of {} bytes",
+            report.len()
+        );
+        assert_eq!(r.terminate().0, 0);
+    }
+}
+
+/// Defect 2, the other way: with 200 conflicting ports the report was cut to 1,372
+/// bytes, dropping every port entry while 15 KiB were unused. Now as many conflicts and
+/// reasons as fit are kept.
+#[tokio::test]
+async fn two_hundred_conflicts_fill_the_report_instead_of_emptying_it() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "conflicts", dir.path()).await;
+    let holders: Vec<TcpListener> = (0..200)
+        .map(|_| TcpListener::bind("0.0.0.0:0").unwrap())
+        .collect();
+    let ports: Vec<u16> = holders
+        .iter()
+        .map(|h| h.local_addr().unwrap().port())
+        .collect();
+    running_pod(&client, &ns, "train-0", &[]).await;
+    let list = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut r = Reporter::start(sidecar_cmd(&kc, &ns, "train-0", &["--port", &list]));
+    let conflicts = eventually("200 conflicts", Duration::from_secs(30), || async {
+        let a = annotations(&client, &ns, "train-0").await;
+        a.get("trainlet.io/port-conflict")
+            .filter(|v| v.split(',').count() == 200)
+            .cloned()
+    })
+    .await;
+    assert_eq!(conflicts.split(',').count(), 200);
+    let report = annotations(&client, &ns, "train-0").await["trainlet.io/report"].clone();
+    let v: Value = serde_json::from_str(&report).unwrap();
+    let kept_ports = v["ports"].as_array().unwrap().len();
+    let kept_reasons = v["reasons"].as_array().unwrap().len();
+    eprintln!(
+        "200 conflicts: report of {} bytes, {kept_ports} port entries, {kept_reasons} reasons",
+        report.len()
+    );
+    assert!(report.len() <= 16 * 1024, "{}", report.len());
+    assert!(
+        report.len() > 15 * 1024,
+        "budget left unused: {}",
+        report.len()
+    );
+    assert!(kept_ports >= 40, "{kept_ports}");
+    assert!(kept_reasons >= 40, "{kept_reasons}");
+    assert!(
+        v["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["state"] == "conflict")
+    );
+    assert_eq!(v["truncated"], true);
+    drop(holders);
+    assert_eq!(r.terminate().0, 0);
+}
+
+/// Defect 3: `--namespace 'BAD NS!'` waited out the whole timeout and exited 3 with
+/// nothing after the colon; `resolve` blamed the connection. It is a usage error.
+#[test]
+fn an_invalid_namespace_is_a_usage_error_at_once() {
+    let out = tempfile::tempdir().unwrap();
+    let kc = kubeconfig();
+    let want = "invalid --namespace \"BAD NS!\": a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit";
+    let start = Instant::now();
+    let r = run(&mut init_cmd(
+        kc,
+        "default",
+        "p",
+        out.path(),
+        &[
+            "--job",
+            "worker=app=x",
+            "--namespace",
+            "BAD NS!",
+            "--timeout",
+            "60s",
+        ],
+    ));
+    let took = start.elapsed();
+    assert_eq!((r.code, r.error_line()), (2, want), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    eprintln!("init --namespace 'BAD NS!' failed after {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(list_dir(out.path()).is_empty());
+
+    let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([
+        "--job",
+        "worker=app=x",
+        "--namespace",
+        "BAD NS!",
+    ]));
+    assert_eq!((r.code, r.error_line()), (2, want));
+    let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([
+        "--job",
+        "worker=app=x",
+        "--pod-namespace",
+        "Bad",
+    ]));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.error_line()
+            .starts_with("invalid --pod-namespace \"Bad\""),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Defect 4: `resolve` with a selector that matches nothing, or in a namespace that
+/// does not exist, exited 0 with `{"cluster":{"worker":[]}}`; `in ()` was accepted.
+#[tokio::test]
+async fn resolve_fails_on_nothing() {
+    let client = admin().await;
+    let ns = namespace(&client, "nothing").await;
+    let resolve = |ns: &str, job: &str| {
+        run(trainlet()
+            .arg("resolve")
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["--pod-namespace", ns, "--job", job]))
+    };
+    let r = resolve(&ns, "worker=app=nobody");
+    assert_eq!(
+        (r.code, r.error_line()),
+        (
+            3,
+            format!(
+                "no live pod matches job type worker (app=nobody) in namespace {ns:?} (does it exist?)"
+            )
+            .as_str()
+        ),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout, "");
+    let r = resolve("no-such-namespace-4d1c", "worker=app=x");
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.error_line()
+            .ends_with("in namespace \"no-such-namespace-4d1c\" (does it exist?)"),
+        "{}",
+        r.stderr
+    );
+    let r = resolve(&ns, "worker=app in ()");
+    assert_eq!(
+        (r.code, r.error_line()),
+        (
+            2,
+            "invalid --job \"worker=app in ()\": \"app in ()\": the value set of in must not be empty"
+        )
+    );
+    // The API server itself reads `in ()` as `in ("")` (apimachinery's parseValues):
+    // it refuses nothing, and selects only pods whose label is empty.
+    let api: Api<Pod> = Api::namespaced(admin().await, &ns);
+    assert!(
+        api.list(&ListParams::default().labels("app in ()"))
+            .await
+            .is_ok()
+    );
+}
+
+/// Defect 5: a killed `init` left `.cluster.json.XXXXXX` and `bin/.trainlet.XXXXXX`
+/// behind, and a later successful run kept them. Now the next run removes exactly
+/// trainlet's own temporary files.
+#[tokio::test]
+async fn a_rerun_removes_what_a_killed_run_left_behind() {
+    let client = admin().await;
+    let ns = namespace(&client, "leftovers").await;
+    pod("w-0").labels("role=w").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("w-0", "10.30.0.1").await;
+    let out = tempfile::tempdir().unwrap();
+    let bin = out.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for (dir, f) in [
+        (out.path(), ".cluster.json.Ab3dE9"),
+        (out.path(), ".tf_config.json.q1W2e3"),
+        (bin.as_path(), ".trainlet.Zz9Yy8"),
+        (out.path(), "model.ckpt"),
+        (out.path(), ".model.ckpt.Ab3dE9"),
+    ] {
+        std::fs::write(dir.join(f), "left").unwrap();
+    }
+    let port = free_port().to_string();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=1",
+            "--port",
+            &port,
+            "--install-to",
+            bin.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        list_dir(out.path()),
+        [
+            ".model.ckpt.Ab3dE9",
+            "bin",
+            "cluster.json",
+            "model.ckpt",
+            "tf_config.json",
+            "trainlet.env"
+        ]
+    );
+    assert_eq!(list_dir(&bin), ["trainlet"]);
+}
+
+/// Defect 6: with the API server down for 5 s, waiting agents slept up to ~10 s in
+/// kube-runtime's default backoff after it came back; the last wrote its file 11.6 s
+/// after the last pod turned Running. They now resume within about a second.
+#[tokio::test]
+async fn agents_resume_quickly_after_a_5s_api_server_outage() {
+    let cp = PrivateControlPlane::start("outage");
+    let client = client_from(&cp.kubeconfig).await;
+    let ns = namespace(&client, "outage").await;
+    let names: Vec<String> = (0..4).map(|i| format!("w-{i}")).collect();
+    for n in &names {
+        pod(n).labels("role=w").create(&client, &ns).await;
+    }
+    let port = free_port().to_string();
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let agents: Vec<_> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| {
+            spawn(init_cmd(
+                &cp.kubeconfig,
+                &ns,
+                n,
+                d.path(),
+                &[
+                    "--job",
+                    "worker=role=w",
+                    "--expect",
+                    "worker=4",
+                    "--port",
+                    &port,
+                    "--timeout",
+                    "90s",
+                ],
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cp.restart_apiserver(Duration::from_secs(5));
+    let client = client_from(&cp.kubeconfig).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let mut last_running = std::time::SystemTime::now();
+    for (i, n) in names.iter().enumerate() {
+        last_running = std::time::SystemTime::now();
+        kubelet.run(n, &format!("10.22.0.{i}")).await;
+    }
+    let mut worst = Duration::ZERO;
+    for (i, (agent, dir)) in agents.into_iter().zip(&dirs).enumerate() {
+        let r = agent.await.unwrap();
+        assert_eq!(r.code, 0, "agent {i}: {}", r.stderr);
+        let written = std::fs::metadata(dir.path().join("tf_config.json"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        worst = worst.max(written.duration_since(last_running).unwrap_or_default());
+    }
+    eprintln!(
+        "after a 5 s outage, the last agent wrote its file {worst:?} after the last pod turned Running"
+    );
+    assert!(worst < Duration::from_secs(3), "{worst:?}");
+}
+
+/// Defect 7: an unreachable API server printed two lines, kube's own ERROR log and then
+/// trainlet's error. One line is the contract.
+#[test]
+fn an_unreachable_server_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let port = free_port();
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}}}]\nusers: [{{name: u, user: {{token: x}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u, namespace: ns}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let r = run(trainlet()
+        .arg("resolve")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["--job", "worker=app=x"]));
+    assert_eq!(r.code, 4);
+    assert_eq!(
+        r.stderr,
+        "trainlet: error: cannot reach the Kubernetes API server while trying to list pods: Connection refused (os error 111)\n"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        &kc,
+        "ns",
+        "p",
+        out.path(),
+        &["--job", "worker=app=x"],
+    ));
+    assert_eq!(r.code, 4);
+    assert_eq!(
+        r.stderr,
+        "trainlet: error: cannot reach the Kubernetes API server while trying to get pods: Connection refused (os error 111)\n"
+    );
+}
+
+/// Every selector trainlet accepts, the API server accepts too: a sample of generated
+/// selectors in every form, each sent as a real list's labelSelector.
+#[tokio::test]
+async fn every_selector_trainlet_accepts_kubernetes_accepts() {
+    let client = admin().await;
+    let ns = namespace(&client, "selectors").await;
+    let api: Api<Pod> = Api::namespaced(client, &ns);
+    let name = "([a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?)?";
+    let key = "([a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?(\\.[a-z0-9]{1,5}){0,2}/)?[a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?";
+    let req = prop_oneof![
+        (key, name).prop_map(|(k, v)| format!("{k}={v}")),
+        (key, name).prop_map(|(k, v)| format!("{k} == {v}")),
+        (key, name).prop_map(|(k, v)| format!("{k}!={v}")),
+        key.prop_map(|k| k.to_string()),
+        key.prop_map(|k| format!("!{k}")),
+        (key, proptest::collection::vec(name, 1..4))
+            .prop_map(|(k, vs)| format!("{k} in ({})", vs.join(","))),
+        (key, proptest::collection::vec(name, 1..4))
+            .prop_map(|(k, vs)| format!("{k} notin ( {} )", vs.join(" , "))),
+    ];
+    let selectors = proptest::collection::vec(req, 1..4).prop_map(|r| r.join(","));
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(14),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let mut sample = Vec::new();
+    for _ in 0..64 {
+        let s = selectors.new_tree(&mut runner).unwrap().current();
+        if trainlet::cluster::selector::parse(&s).is_ok() {
+            sample.push(s);
+        }
+    }
+    assert!(sample.len() >= 48, "only {} accepted", sample.len());
+    for s in &sample {
+        let parsed = trainlet::cluster::selector::parse(s).unwrap().to_string();
+        for sel in [s.as_str(), parsed.as_str()] {
+            if let Err(e) = api.list(&ListParams::default().labels(sel)).await {
+                panic!("trainlet accepts {sel:?} but the API server refuses it: {e}");
+            }
+        }
+    }
+}
