@@ -4,6 +4,10 @@
 //! `trainlet init` runs it as the init container; `trainlet exec` runs it in-process
 //! when no init container wrote the files. Every failure writes nothing: the kubelet
 //! then restarts the init container, and a rerun starts clean.
+//!
+//! In a large job the agents coordinate ([`Role`], `cluster::published`): task 0 of the
+//! first type resolves by watching every peer and publishes the cluster on its own pod;
+//! every other agent watches only that pod. The files are the same either way.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -13,17 +17,86 @@ use std::time::{Duration, SystemTime};
 use thiserror::Error;
 use tracing::{info, warn};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Client, ResourceExt};
+
 use crate::Code;
-use crate::cluster::{Cluster, ClusterConfig, ClusterError};
-use crate::kube::{self, KubeError};
+use crate::cluster::published::{self, ANNOTATION};
+use crate::cluster::{Cluster, ClusterConfig, ClusterError, Task, order};
+use crate::kube::{self as k8s, Identity, KubeError};
+use crate::peers::coordinated::{FollowError, Verdict, follow};
 use crate::peers::{Scope, WaitError, wait_for_peers};
 use crate::publish::{Publisher, keys};
 use crate::tfconfig::{self, OutputError, TfConfig};
 
+/// Whether the agents of a job coordinate (see the module header). Derives
+/// `clap::ValueEnum` so the CLI can offer it as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Coordinate {
+    /// From [`COORDINATE_FROM`] pods on, as far as this agent can tell.
+    Auto,
+    Always,
+    Never,
+}
+
+/// `auto` coordinates jobs of at least this many pods. Every agent watching every peer
+/// cost each agent 365 KiB at 64 pods and 1.5 MiB at 256 (README, Scaling): below this
+/// it is cheap, and one resolver less to wait for; above it, the API server's egress
+/// grows with N².
+pub const COORDINATE_FROM: usize = 128;
+
+/// This agent's part in its job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Watches every peer itself.
+    Alone,
+    /// Task 0 of the first type: watches every peer, and publishes the cluster when
+    /// the job coordinates.
+    Resolver,
+    /// Watches only the resolver pod, found by `selector`.
+    Follower { selector: String },
+}
+
+/// Decides the role from what this agent knows before it waits: its own pod, the
+/// configuration, and the expected counts. Coordination needs pods that carry their
+/// index as a label (Indexed Jobs, StatefulSets, Kubeflow), the index order, and a
+/// first type found by one selector, so that `<selector>,<index label>=0` names task 0.
+/// `auto` coordinates when `--expect` says the job is large, or this pod's own index
+/// does; an agent that cannot tell watches every peer, which gives the same files.
+pub fn role(coordinate: Coordinate, cfg: &ClusterConfig, own: &Pod) -> Role {
+    let resolver = &cfg.resolver;
+    let Some(first) = resolver.jobs.first() else {
+        return Role::Alone;
+    };
+    let (Some((index, key)), [selector]) = (order::label_index(own), first.selectors.as_slice())
+    else {
+        return Role::Alone;
+    };
+    if coordinate == Coordinate::Never || resolver.order != crate::cluster::OrderMode::Index {
+        return Role::Alone;
+    }
+    if index == 0 && resolver.types_of(own) == [first.task_type.as_str()] {
+        return Role::Resolver;
+    }
+    let known: usize = cfg.expected.values().sum();
+    let all_known = resolver
+        .jobs
+        .iter()
+        .all(|j| cfg.expected.contains_key(&j.task_type));
+    let large = (all_known && known >= COORDINATE_FROM) || index >= COORDINATE_FROM as u64;
+    if coordinate == Coordinate::Always || large {
+        Role::Follower {
+            selector: format!("{selector},{key}=0"),
+        }
+    } else {
+        Role::Alone
+    }
+}
+
 /// Everything `init` needs, validated.
 #[derive(Debug, Clone)]
 pub struct InitConfig {
-    pub kube: kube::Settings,
+    pub kube: k8s::Settings,
     pub cluster: ClusterConfig,
     /// How long to wait for the peers; `None` waits forever.
     pub timeout: Option<Duration>,
@@ -31,6 +104,7 @@ pub struct InitConfig {
     pub output_dir: PathBuf,
     /// Where to install the trainlet binary for the other containers, if anywhere.
     pub install_to: Option<PathBuf>,
+    pub coordinate: Coordinate,
 }
 
 #[derive(Debug, Error)]
@@ -41,6 +115,8 @@ pub enum InitError {
     Cluster(#[from] ClusterError),
     #[error(transparent)]
     Wait(#[from] WaitError),
+    #[error(transparent)]
+    Follow(#[from] FollowError),
     #[error(transparent)]
     Output(#[from] OutputError),
     /// The own server port is taken in this pod's network namespace.
@@ -60,6 +136,7 @@ impl InitError {
             InitError::Kube(e) => e.code(),
             InitError::Cluster(e) => e.code(),
             InitError::Wait(e) => e.code(),
+            InitError::Follow(e) => e.code(),
             InitError::Output(_) | InitError::Install(_) | InitError::InstallDir { .. } => {
                 Code::Internal
             }
@@ -89,7 +166,7 @@ pub async fn run(
             info!("removed {}, left by an earlier run", f.display());
         }
     }
-    let (client, id, own) = kube::connect_own_pod(&cfg.kube).await?;
+    let (client, id, own) = k8s::connect_own_pod(&cfg.kube).await?;
     let own_uid = own.metadata.uid.clone().unwrap_or_default();
     let resolver = &cfg.cluster.resolver;
     if cfg.cluster.task_override.is_none() {
@@ -97,41 +174,53 @@ pub async fn run(
     }
     let publisher = Publisher::new(client.clone(), &own);
     let scope = Scope::of(&cfg.cluster.namespaces, &id.namespace);
-    info!(pod = %id.pod_name, namespace = %id.namespace, "waiting for peers");
-
-    let resolved = match wait_for_peers(
-        &client,
-        &scope,
-        resolver,
-        cfg.cluster.expected.clone(),
-        cfg.timeout,
-    )
-    .await
-    {
-        Ok(r) => r,
-        Err(e @ WaitError::Timeout { .. }) => {
-            let e = InitError::from(e);
-            best_effort(
-                publisher
-                    .event(true, "PeerWaitTimeout", &describe(&e))
-                    .await,
-                "emit the PeerWaitTimeout event",
-            );
-            return Err(e);
-        }
-        Err(e) => return Err(e.into()),
+    let role = match (&scope, &cfg.cluster.task_override) {
+        // The resolver's selector is namespaced, and an explicit task is the user's.
+        (Scope::Namespace(_), None) => role(cfg.coordinate, &cfg.cluster, &own),
+        _ => Role::Alone,
     };
-    let task = resolver.own_task(
-        &resolved.cluster,
-        &own_uid,
-        &id.pod_name,
-        cfg.cluster.task_override.clone(),
-    )?;
-    let tf = TfConfig::new(
-        &resolved.cluster,
-        task.clone(),
-        cfg.cluster.environment.clone(),
-    );
+    info!(pod = %id.pod_name, namespace = %id.namespace, role = ?role, "waiting for peers");
+
+    let timed_out = |e: InitError| async {
+        best_effort(
+            publisher
+                .event(true, "PeerWaitTimeout", &describe(&e))
+                .await,
+            "emit the PeerWaitTimeout event",
+        );
+        e
+    };
+    let (cluster, task, waited) = if let Role::Follower { selector } = &role {
+        match follow_resolver(cfg, &client, &id, &own_uid, selector).await {
+            Ok(r) => r,
+            Err(e @ InitError::Follow(FollowError::Timeout { .. })) => {
+                return Err(timed_out(e).await);
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        let resolved = match wait_for_peers(
+            &client,
+            &scope,
+            resolver,
+            cfg.cluster.expected.clone(),
+            cfg.timeout,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e @ WaitError::Timeout { .. }) => return Err(timed_out(e.into()).await),
+            Err(e) => return Err(e.into()),
+        };
+        let task = resolver.own_task(
+            &resolved.cluster,
+            &own_uid,
+            &id.pod_name,
+            cfg.cluster.task_override.clone(),
+        )?;
+        (resolved.cluster, task, resolved.waited)
+    };
+    let tf = TfConfig::new(&cluster, task.clone(), cfg.cluster.environment.clone());
 
     // The own server port must be free in this pod's network namespace; with
     // hostNetwork it often is not, and TensorFlow would fail much later with a
@@ -147,13 +236,42 @@ pub async fn run(
     }
 
     let tf_json = tf.render();
-    write_outputs(cfg, &tf, &resolved.cluster, resolved.waited)?;
-    info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %resolved.cluster.summary(), waited = ?resolved.waited, "wrote {}", cfg.output_dir.join(tfconfig::TF_CONFIG_FILE).display());
+    write_outputs(cfg, &tf, &cluster, waited)?;
+    info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %cluster.summary(), waited = ?waited, "wrote {}", cfg.output_dir.join(tfconfig::TF_CONFIG_FILE).display());
 
-    let annotation = BTreeMap::from([(
+    let mut annotation = BTreeMap::from([(
         keys::TASK.to_string(),
         Some(format!("{}/{}", task.task_type, task.index)),
     )]);
+    if role == Role::Resolver {
+        // One patch carries the task and, for the followers, the whole cluster.
+        let peers: usize = cluster.tasks.values().map(Vec::len).sum();
+        if cfg.coordinate == Coordinate::Always || peers >= COORDINATE_FROM {
+            let order: Vec<&str> = resolver.jobs.iter().map(|j| j.task_type.as_str()).collect();
+            let generation = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            match published::encode(&cluster, &order, generation) {
+                Ok(text) => {
+                    info!(
+                        bytes = text.len(),
+                        "publishing the cluster for the other agents"
+                    );
+                    annotation.insert(ANNOTATION.to_string(), Some(text));
+                }
+                Err(e) => {
+                    let note = format!(
+                        "{e}; the other agents cannot read it from this pod (use --coordinate never)"
+                    );
+                    warn!("{note}");
+                    best_effort(
+                        publisher.event(true, "ClusterTooLarge", &note).await,
+                        "emit the ClusterTooLarge event",
+                    );
+                }
+            }
+        }
+    }
     best_effort(
         publisher.annotate(&annotation).await,
         "annotate the pod with its task",
@@ -162,8 +280,8 @@ pub async fn run(
         "{}/{} of {} after {:.1}s",
         task.task_type,
         task.index,
-        resolved.cluster.summary(),
-        resolved.waited.as_secs_f64()
+        cluster.summary(),
+        waited.as_secs_f64()
     );
     best_effort(
         publisher.event(false, "PeersResolved", &note).await,
@@ -173,6 +291,101 @@ pub async fn run(
         tf_config: tf,
         tf_config_json: tf_json,
     })
+}
+
+/// A follower's wait: the resolver pod's published cluster, checked against this pod
+/// as the API server reports it now (its address may be newer than the pre-flight GET).
+async fn follow_resolver(
+    cfg: &InitConfig,
+    client: &Client,
+    id: &Identity,
+    own_uid: &str,
+    selector: &str,
+) -> Result<(Cluster, Task, Duration), InitError> {
+    let resolver = &cfg.cluster.resolver;
+    let types: Vec<&str> = resolver.jobs.iter().map(|j| j.task_type.as_str()).collect();
+    let first = types.first().copied().unwrap_or_default();
+    let start = std::time::Instant::now();
+    loop {
+        let left = cfg.timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let (cluster, _) = follow(client, &id.namespace, first, selector, left, |pod| {
+            let Some(text) = pod.annotations().get(ANNOTATION) else {
+                return Verdict::Wait("has not published the cluster yet".into());
+            };
+            let cluster = match published::decode(text, &id.namespace) {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    return Verdict::Wait(format!("carries a cluster trainlet cannot use: {e}"));
+                }
+            };
+            let resolver_uid = pod.uid().unwrap_or_default();
+            match published::own_task(
+                &cluster,
+                &types,
+                &cfg.cluster.expected,
+                &resolver_uid,
+                own_uid,
+                None,
+            ) {
+                Ok(_) => Verdict::Accept(cluster),
+                Err(why) => Verdict::Wait(format!("carries a cluster this pod cannot use: {why}")),
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            // The configured timeout, not what was left of it: the message stays exact.
+            FollowError::Timeout {
+                task_type,
+                selector,
+                why,
+                ..
+            } => FollowError::Timeout {
+                waited: cfg.timeout.unwrap_or_default(),
+                task_type,
+                selector,
+                why,
+            },
+            e => e,
+        })?;
+        let own = k8s::get_own_pod(client, id).await?;
+        let address = resolver.address_of(&own)?.unwrap_or_default();
+        let resolver_uid = cluster
+            .task(first, 0)
+            .map(|p| p.uid.clone())
+            .unwrap_or_default();
+        match published::own_task(
+            &cluster,
+            &types,
+            &cfg.cluster.expected,
+            &resolver_uid,
+            own_uid,
+            Some(&address),
+        ) {
+            Ok(task) => return Ok((cluster, task, start.elapsed())),
+            Err(why) => {
+                warn!("the published cluster does not fit this pod yet: {why}; waiting");
+                let resolver_name = cluster
+                    .task(first, 0)
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default();
+                if cfg
+                    .timeout
+                    .is_some_and(|t| start.elapsed() + Duration::from_secs(1) >= t)
+                {
+                    return Err(FollowError::Timeout {
+                        waited: cfg.timeout.unwrap_or_default(),
+                        task_type: first.to_string(),
+                        selector: selector.to_string(),
+                        why: format!(
+                            "pod {resolver_name:?} carries a cluster this pod cannot use: {why}"
+                        ),
+                    }
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// Reporting to the pod is secondary to the files: log, and carry on.
@@ -253,4 +466,116 @@ fn install_binary(dir: &Path) -> Result<(), InitError> {
             ))
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::selector;
+    use crate::cluster::{AddressMode, Job, Namespaces, OrderMode, ReadyMode, Resolver};
+
+    fn cfg(expected: &[(&str, usize)]) -> ClusterConfig {
+        let job = |t: &str, s: &str| Job {
+            task_type: t.into(),
+            selectors: vec![selector::parse(s).unwrap()],
+        };
+        ClusterConfig {
+            resolver: Resolver {
+                jobs: vec![job("ps", "role=ps"), job("worker", "role=worker")],
+                port: 8470,
+                port_name: None,
+                address: AddressMode::PodIp,
+                cluster_domain: "cluster.local".into(),
+                order: OrderMode::Index,
+                ready: ReadyMode::Running,
+            },
+            expected: expected.iter().map(|(t, n)| (t.to_string(), *n)).collect(),
+            task_override: None,
+            rpc_layer: "grpc".into(),
+            environment: None,
+            namespaces: Namespaces::Own,
+        }
+    }
+
+    fn own(role: &str, index: Option<u64>) -> Pod {
+        let mut labels = std::collections::BTreeMap::from([("role".to_string(), role.to_string())]);
+        if let Some(i) = index {
+            labels.insert(order::INDEX_KEYS[0].to_string(), i.to_string());
+        }
+        let mut p = Pod::default();
+        p.metadata.labels = Some(labels);
+        p
+    }
+
+    const FOLLOW_PS0: &str = "role=ps,batch.kubernetes.io/job-completion-index=0";
+
+    #[test]
+    fn task_0_of_the_first_type_resolves() {
+        let c = cfg(&[]);
+        assert_eq!(
+            role(Coordinate::Auto, &c, &own("ps", Some(0))),
+            Role::Resolver
+        );
+        assert_eq!(
+            role(Coordinate::Always, &c, &own("ps", Some(0))),
+            Role::Resolver
+        );
+        // Index 0 of another type is a follower.
+        assert_eq!(
+            role(Coordinate::Always, &c, &own("worker", Some(0))),
+            Role::Follower {
+                selector: FOLLOW_PS0.into()
+            }
+        );
+    }
+
+    #[test]
+    fn auto_follows_only_when_the_job_is_known_to_be_large() {
+        let small = cfg(&[("ps", 1), ("worker", 100)]);
+        let large = cfg(&[("ps", 1), ("worker", 127)]);
+        let half = cfg(&[("worker", 1000)]);
+        let w = own("worker", Some(5));
+        assert_eq!(role(Coordinate::Auto, &small, &w), Role::Alone);
+        assert_eq!(
+            role(Coordinate::Auto, &large, &w),
+            Role::Follower {
+                selector: FOLLOW_PS0.into()
+            }
+        );
+        // Not every count known: only this pod's own index can tell.
+        assert_eq!(role(Coordinate::Auto, &half, &w), Role::Alone);
+        assert_eq!(
+            role(Coordinate::Auto, &half, &own("worker", Some(128))),
+            Role::Follower {
+                selector: FOLLOW_PS0.into()
+            }
+        );
+    }
+
+    #[test]
+    fn coordination_needs_index_labels_index_order_and_one_first_selector() {
+        let c = cfg(&[("ps", 1), ("worker", 1000)]);
+        assert_eq!(
+            role(Coordinate::Always, &c, &own("worker", None)),
+            Role::Alone
+        );
+        assert_eq!(
+            role(Coordinate::Never, &c, &own("worker", Some(3))),
+            Role::Alone
+        );
+        let mut by_name = c.clone();
+        by_name.resolver.order = OrderMode::Name;
+        assert_eq!(
+            role(Coordinate::Always, &by_name, &own("worker", Some(3))),
+            Role::Alone
+        );
+        let mut two = c.clone();
+        two.resolver.jobs[0]
+            .selectors
+            .push(selector::parse("role=chief").unwrap());
+        assert_eq!(
+            role(Coordinate::Always, &two, &own("worker", Some(3))),
+            Role::Alone
+        );
+    }
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::defaults;
+use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 
 /// How to reach the API server and who "self" is.
@@ -156,6 +157,15 @@ pub struct OutputArgs {
     /// container can run `trainlet exec` without trainlet in its image.
     #[arg(long, env = "TRAINLET_INSTALL_TO", value_name = "DIR")]
     pub install_to: Option<PathBuf>,
+
+    /// Whether the agents of a job coordinate: `auto` from 128 pods on (as far as
+    /// --expect or this pod's index tell), `always`, or `never`. Coordinated, only the
+    /// pod of task 0 of the first type watches every peer and publishes the cluster on
+    /// its pod (annotation trainlet.io/resolution); every other agent watches that one
+    /// pod, so a job of N pods costs the API server O(N) instead of O(N²). It needs
+    /// index labels (Indexed Jobs, StatefulSets) and one selector for the first type.
+    #[arg(long, env = "TRAINLET_COORDINATE", value_enum, default_value_t = defaults::COORDINATE)]
+    pub coordinate: Coordinate,
 
     /// How long to wait for peers, e.g. 90s, 10m or 1h; 0 waits forever.
     #[arg(

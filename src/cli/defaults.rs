@@ -2,6 +2,7 @@
 //! from here, and `inject` compares against them to write only the flags a user
 //! changed into the agents it adds.
 
+use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 use crate::logging::LogFormat;
 
@@ -21,6 +22,8 @@ pub const RPC_LAYER: &str = "grpc";
 pub const OUTPUT_DIR: &str = "/etc/trainlet";
 /// How long `init` waits for its peers.
 pub const TIMEOUT: &str = "10m";
+/// The agents of large jobs coordinate.
+pub const COORDINATE: Coordinate = Coordinate::Auto;
 /// The reporters' probe interval.
 pub const INTERVAL: &str = "5s";
 /// At most one annotation patch per this interval.

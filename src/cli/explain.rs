@@ -13,6 +13,7 @@ use crate::inject::{InjectError, TransformError};
 use crate::kube::KubeError;
 use crate::metrics::MetricsError;
 use crate::peers::WaitError;
+use crate::peers::coordinated::FollowError;
 use crate::peers::list::ListError;
 use crate::report::engine::ReportError;
 use crate::report::engine::child::SpawnError;
@@ -77,6 +78,10 @@ pub fn init(e: &InitError) -> String {
         InitError::Kube(k) => kube(k),
         InitError::Cluster(c) => cluster(c),
         InitError::Wait(w) => wait(w),
+        InitError::Follow(f) => match f {
+            FollowError::Kube(k) => kube(k),
+            FollowError::Timeout { .. } => f.to_string(),
+        },
         InitError::Output(o) => output(o),
         InitError::InstallDir { dir, why } => {
             format!("cannot create --install-to {}: {why}", dir.display())

@@ -192,6 +192,7 @@ pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
         timeout: (!timeout.is_zero()).then_some(timeout),
         output_dir: a.output.output_dir.clone(),
         install_to: a.output.install_to.clone(),
+        coordinate: a.output.coordinate,
     })
 }
 
@@ -395,6 +396,9 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
     init.push(format!("--install-to={install_to}"));
     if o.timeout != defaults::TIMEOUT {
         init.push(format!("--timeout={}", o.timeout));
+    }
+    if o.coordinate != defaults::COORDINATE {
+        init.push(format!("--coordinate={}", value_name(o.coordinate)));
     }
     init
 }

@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod order;
+pub mod published;
 pub mod selector;
 pub mod slim;
 
@@ -414,6 +415,13 @@ impl Resolver {
             .filter(|j| j.selectors.iter().any(|s| s.matches(labels)))
             .map(|j| j.task_type.as_str())
             .collect()
+    }
+
+    /// A pod's address in the cluster (`host:port`), if it has one yet.
+    pub fn address_of(&self, pod: &Pod) -> Result<Option<String>, ClusterError> {
+        Ok(self
+            .host(pod)?
+            .map(|h| format!("{}:{}", bracket_v6(&h), self.port_of(pod))))
     }
 
     /// The host part of a peer's address, if it has one yet.

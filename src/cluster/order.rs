@@ -32,6 +32,16 @@ pub fn pod_index(pod: &Pod) -> Option<(u64, &'static str)> {
     None
 }
 
+/// The pod's index from a *label* (not an annotation) and the label's key: what a
+/// label selector can find the pod by.
+pub fn label_index(pod: &Pod) -> Option<(u64, &'static str)> {
+    let labels = pod.metadata.labels.as_ref()?;
+    INDEX_KEYS.iter().find_map(|key| {
+        let i = labels.get(*key)?.trim().parse::<u64>().ok()?;
+        Some((i, *key))
+    })
+}
+
 /// Compares names so that runs of digits compare as numbers: `w-2` < `w-10`.
 /// Ties (`w-01` and `w-1`) fall back to plain byte order, so the order is total.
 pub fn natural_cmp(a: &str, b: &str) -> Ordering {

@@ -6,6 +6,7 @@
 //! The pure decisions (which pods are peers, their order and addresses, what is still
 //! missing) are `cluster`'s; this module only brings the pods.
 
+pub mod coordinated;
 pub mod list;
 mod owners;
 pub mod watch;

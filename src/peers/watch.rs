@@ -265,7 +265,7 @@ async fn watch(
 /// is blocked until it sees its peers, and the timeout bounds the whole wait, so it
 /// retries at most about once a second (one cheap request per agent) and resumes
 /// within a second of the server answering again.
-fn retry_backoff() -> watcher::ExponentialBackoff {
+pub(super) fn retry_backoff() -> watcher::ExponentialBackoff {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_millis(500))
@@ -284,7 +284,7 @@ fn key(p: &Pod) -> String {
 
 /// Errors that retrying cannot fix: RBAC and authentication. Everything else (the API
 /// server restarting, a dropped connection) is retried by the watcher's backoff.
-fn fatal_watch_error(e: &watcher::Error, ns: &str) -> Option<KubeError> {
+pub(super) fn fatal_watch_error(e: &watcher::Error, ns: &str) -> Option<KubeError> {
     let (verb, err) = match e {
         watcher::Error::InitialListFailed(err) => ("list", err),
         watcher::Error::WatchStartFailed(err) | watcher::Error::WatchFailed(err) => ("watch", err),

@@ -33,6 +33,7 @@ mod support;
 mod report_support;
 
 mod control_plane;
+mod coordinated;
 mod hardening;
 mod init;
 mod init_faults;

@@ -1,0 +1,394 @@
+//! The resolved cluster as one pod publishes it for all the others (coordinated mode).
+//!
+//! In a job of N pods where every agent watches every peer, the API server sends
+//! O(N²) events. In coordinated mode one agent, the *resolver* (the pod of the first
+//! task of the first type), watches all peers as before and writes the resolved
+//! cluster into an annotation on its own pod; every other agent watches only that pod.
+//! The annotation carries everything the files hold (each task's name, address, node
+//! and uid, in rank order), so an agent writes byte for byte what it would have written
+//! by watching all peers.
+//!
+//! Format: `{"v":1,"generation":G,"peers":N,"sha256":"…","deflate":"…"}`, where
+//! `deflate` is the base64 of the raw-deflated JSON payload
+//! `[["ps",[[name,address,node,uid],…]],["worker",…]]` (types in `--job` order). Pod
+//! uids are random, so the payload is about 110 bytes per pod before compression and
+//! about 45 after, with base64: 4,096 pods fit in about 185 KiB, under the 256 KiB that
+//! all of a pod's annotations share. Larger clusters are refused with a clear error.
+//!
+//! The hash detects a truncated or corrupted value, not a forgery: anyone who may patch
+//! the pod can compute it. What protects a reader is what it checks: the resolver's own
+//! entry is that pod (its uid), the types and counts are those it expects, and it finds
+//! itself at the address the API server reports for its own pod.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{Cluster, Peer, Task};
+
+/// The annotation on the resolver pod.
+pub const ANNOTATION: &str = "trainlet.io/resolution";
+/// The most the annotation may hold: a pod's annotations share 256 KiB, and the
+/// resolver pod carries trainlet's report and the user's own annotations too.
+pub const MAX_ENCODED: usize = 200 * 1024;
+/// The most an annotation may inflate to: a reader does not trust what it reads.
+const MAX_PAYLOAD: usize = 16 << 20;
+/// The format's version.
+const VERSION: u32 = 1;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum PublishedError {
+    #[error(
+        "the cluster of {peers} pods takes {bytes} bytes, more than the {MAX_ENCODED} an annotation may hold here"
+    )]
+    TooLarge { peers: usize, bytes: usize },
+    #[error("not trainlet's format: {0}")]
+    Format(String),
+    #[error("format version {0} is not {VERSION}")]
+    Version(u32),
+    #[error("the hash does not match the content")]
+    Hash,
+}
+
+/// The annotation's outer layer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    v: u32,
+    generation: u64,
+    peers: usize,
+    sha256: String,
+    deflate: String,
+}
+
+/// One task: name, address, node, uid.
+type Entry = (String, String, Option<String>, String);
+
+/// Encodes the cluster, its types in `order` (the `--job` order), for the annotation.
+pub fn encode(
+    cluster: &Cluster,
+    order: &[&str],
+    generation: u64,
+) -> Result<String, PublishedError> {
+    let payload: Vec<(&str, Vec<Entry>)> = order
+        .iter()
+        .map(|t| {
+            let peers = cluster.tasks.get(*t).map(Vec::as_slice).unwrap_or_default();
+            let entries = peers
+                .iter()
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        p.address.clone(),
+                        p.node.clone(),
+                        p.uid.clone(),
+                    )
+                })
+                .collect();
+            (*t, entries)
+        })
+        .collect();
+    let json = serde_json::to_vec(&payload).expect("plain data");
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&json).expect("writing to memory");
+    let deflated = z.finish().expect("writing to memory");
+    let peers = cluster.tasks.values().map(Vec::len).sum();
+    let text = serde_json::to_string(&Envelope {
+        v: VERSION,
+        generation,
+        peers,
+        sha256: sha256_hex(&json),
+        deflate: BASE64.encode(deflated),
+    })
+    .expect("plain data");
+    if text.len() > MAX_ENCODED {
+        return Err(PublishedError::TooLarge {
+            peers,
+            bytes: text.len(),
+        });
+    }
+    Ok(text)
+}
+
+/// Decodes an annotation into the cluster (peers in `namespace`) and its generation.
+/// Everything is checked and bounded: the value comes from a pod anyone with `patch
+/// pods` could have written.
+pub fn decode(text: &str, namespace: &str) -> Result<(Cluster, u64), PublishedError> {
+    let bad = |why: String| PublishedError::Format(why);
+    if text.len() > MAX_ENCODED {
+        return Err(bad(format!(
+            "{} bytes, more than {MAX_ENCODED}",
+            text.len()
+        )));
+    }
+    let env: Envelope = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    if env.v != VERSION {
+        return Err(PublishedError::Version(env.v));
+    }
+    let deflated = BASE64
+        .decode(env.deflate.as_bytes())
+        .map_err(|e| bad(format!("deflate is not base64: {e}")))?;
+    let mut json = Vec::new();
+    flate2::read::DeflateDecoder::new(deflated.as_slice())
+        .take(MAX_PAYLOAD as u64 + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| bad(format!("deflate does not inflate: {e}")))?;
+    if json.len() > MAX_PAYLOAD {
+        return Err(bad(format!("inflates to more than {MAX_PAYLOAD} bytes")));
+    }
+    if sha256_hex(&json) != env.sha256 {
+        return Err(PublishedError::Hash);
+    }
+    let payload: Vec<(String, Vec<Entry>)> =
+        serde_json::from_slice(&json).map_err(|e| bad(format!("payload: {e}")))?;
+    let mut cluster = Cluster::default();
+    for (task_type, entries) in payload {
+        let peers = entries
+            .into_iter()
+            .enumerate()
+            .map(|(index, (name, address, node, uid))| Peer {
+                name,
+                task_type: task_type.clone(),
+                index,
+                address,
+                node,
+                uid,
+                namespace: namespace.to_string(),
+            })
+            .collect();
+        if cluster.tasks.insert(task_type.clone(), peers).is_some() {
+            return Err(bad(format!("type {task_type:?} twice")));
+        }
+    }
+    let peers: usize = cluster.tasks.values().map(Vec::len).sum();
+    if peers != env.peers {
+        return Err(bad(format!(
+            "{peers} peers, but the header says {}",
+            env.peers
+        )));
+    }
+    Ok((cluster, env.generation))
+}
+
+/// Checks a decoded cluster against what this agent knows, and finds its own task:
+/// the job types are exactly its own, every type has its expected count where one is
+/// known, task 0 of the first type is the resolver pod itself, and this pod is in the
+/// cluster at the address the API server reports for it. `Err` says why not.
+pub fn own_task(
+    cluster: &Cluster,
+    types: &[&str],
+    expected: &BTreeMap<String, usize>,
+    resolver_uid: &str,
+    own_uid: &str,
+    own_address: Option<&str>,
+) -> Result<Task, String> {
+    let have: Vec<&str> = cluster.tasks.keys().map(String::as_str).collect();
+    let mut want: Vec<&str> = types.to_vec();
+    want.sort_unstable();
+    if have != want {
+        return Err(format!(
+            "its job types ({}) are not this pod's ({})",
+            have.join(", "),
+            want.join(", ")
+        ));
+    }
+    for (t, n) in expected {
+        let got = cluster.tasks.get(t).map_or(0, Vec::len);
+        if got != *n {
+            return Err(format!("it has {got} {t} tasks, {n} are expected"));
+        }
+    }
+    let first = types.first().and_then(|t| cluster.task(t, 0));
+    if first.is_none_or(|p| p.uid != resolver_uid) {
+        return Err("its first task is not the resolver pod that carries it".into());
+    }
+    let own = cluster
+        .tasks
+        .values()
+        .flatten()
+        .find(|p| p.uid == own_uid)
+        .ok_or_else(|| format!("it does not contain this pod (uid {own_uid})"))?;
+    if let Some(addr) = own_address
+        && own.address != addr
+    {
+        return Err(format!(
+            "it places this pod at {}, but its address is {addr}",
+            own.address
+        ));
+    }
+    Ok(Task {
+        task_type: own.task_type.clone(),
+        index: own.index,
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(t: &str, i: usize, uid: &str) -> Peer {
+        Peer {
+            name: format!("job-{t}-{i}-x7k2p"),
+            task_type: t.into(),
+            index: i,
+            address: format!("10.244.{}.{}:8470", i / 250, i % 250),
+            node: Some(format!("node-{i}")),
+            uid: uid.into(),
+            namespace: "ml".into(),
+        }
+    }
+
+    fn uid(i: usize) -> String {
+        // Random-looking, as the API server's are: they do not compress.
+        let h = sha256_hex(&i.to_le_bytes());
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+
+    fn cluster(ps: usize, workers: usize) -> Cluster {
+        let mut c = Cluster::default();
+        c.tasks.insert(
+            "ps".into(),
+            (0..ps).map(|i| peer("ps", i, &uid(i))).collect(),
+        );
+        c.tasks.insert(
+            "worker".into(),
+            (0..workers)
+                .map(|i| peer("worker", i, &uid(10_000 + i)))
+                .collect(),
+        );
+        c
+    }
+
+    #[test]
+    fn round_trips_exactly() {
+        let c = cluster(2, 5);
+        let text = encode(&c, &["worker", "ps"], 7).unwrap();
+        assert_eq!(decode(&text, "ml").unwrap(), (c, 7));
+    }
+
+    #[test]
+    fn four_thousand_pods_fit_and_more_are_refused_clearly() {
+        let text = encode(&cluster(1, 4095), &["ps", "worker"], 1).unwrap();
+        assert!(text.len() < MAX_ENCODED, "{} bytes", text.len());
+        let e = encode(&cluster(1, 6000), &["ps", "worker"], 1).unwrap_err();
+        assert!(
+            matches!(e, PublishedError::TooLarge { peers: 6001, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        let c = cluster(1, 3);
+        let text = encode(&c, &["ps", "worker"], 1).unwrap();
+        let mut env: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // Another payload under the same hash.
+        let other = encode(&cluster(1, 4), &["ps", "worker"], 1).unwrap();
+        let other: serde_json::Value = serde_json::from_str(&other).unwrap();
+        env["deflate"] = other["deflate"].clone();
+        assert_eq!(
+            decode(&env.to_string(), "ml").unwrap_err(),
+            PublishedError::Hash
+        );
+        assert!(matches!(decode("{", "ml"), Err(PublishedError::Format(_))));
+        assert!(matches!(
+            decode(
+                r#"{"v":2,"generation":1,"peers":0,"sha256":"","deflate":""}"#,
+                "ml"
+            ),
+            Err(PublishedError::Version(2))
+        ));
+        assert!(matches!(
+            decode(
+                r#"{"v":1,"generation":1,"peers":0,"sha256":"","deflate":"!!"}"#,
+                "ml"
+            ),
+            Err(PublishedError::Format(_))
+        ));
+    }
+
+    #[test]
+    fn a_deflate_bomb_is_refused() {
+        let zeros = vec![b'['; MAX_PAYLOAD + 10];
+        let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(&zeros).unwrap();
+        let text = serde_json::to_string(&Envelope {
+            v: 1,
+            generation: 1,
+            peers: 0,
+            sha256: sha256_hex(&zeros),
+            deflate: BASE64.encode(z.finish().unwrap()),
+        })
+        .unwrap();
+        let e = decode(&text, "ml").unwrap_err();
+        assert!(
+            matches!(&e, PublishedError::Format(why) if why.starts_with("inflates to more than")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_reader_finds_itself_or_says_why_not() {
+        let c = cluster(1, 3);
+        let types = ["ps", "worker"];
+        let none = BTreeMap::new();
+        let me = &c.tasks["worker"][2];
+        assert_eq!(
+            own_task(&c, &types, &none, &uid(0), &me.uid, Some(&me.address)),
+            Ok(Task {
+                task_type: "worker".into(),
+                index: 2
+            })
+        );
+        assert_eq!(
+            own_task(&c, &types, &none, &uid(0), &me.uid, Some("10.9.9.9:8470")),
+            Err(format!(
+                "it places this pod at {}, but its address is 10.9.9.9:8470",
+                me.address
+            ))
+        );
+        assert_eq!(
+            own_task(&c, &types, &none, &uid(0), "nobody", Some(&me.address)),
+            Err("it does not contain this pod (uid nobody)".into())
+        );
+        assert_eq!(
+            own_task(
+                &c,
+                &types,
+                &none,
+                "someone-else",
+                &me.uid,
+                Some(&me.address)
+            ),
+            Err("its first task is not the resolver pod that carries it".into())
+        );
+        assert_eq!(
+            own_task(&c, &["worker"], &none, &uid(0), &me.uid, Some(&me.address)),
+            Err("its job types (ps, worker) are not this pod's (worker)".into())
+        );
+        let four = BTreeMap::from([("worker".to_string(), 4)]);
+        assert_eq!(
+            own_task(&c, &types, &four, &uid(0), &me.uid, Some(&me.address)),
+            Err("it has 3 worker tasks, 4 are expected".into())
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! Coordinated mode (`--coordinate`): task 0 of the first type resolves and publishes
+//! the cluster on its pod; the other agents watch only that pod. The files are the
+//! same as when every agent watches every peer; a resolver pod that goes away is
+//! waited for or named in the timeout; a forged or broken annotation is never used.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// A 1 ps + 3 worker job, as Indexed Jobs label their pods.
+async fn job(client: &Client, ns: &str) -> Vec<(String, String)> {
+    let mut pods = Vec::new();
+    for (t, n) in [("ps", 1), ("worker", 3)] {
+        for i in 0..n {
+            let name = format!("{t}-{i}");
+            pod(&name)
+                .labels(&format!("role={t},{INDEX}={i}"))
+                .create(client, ns)
+                .await;
+            pods.push((name, t.to_string()));
+        }
+    }
+    pods
+}
+
+fn agent(
+    ns: &str,
+    pod: &str,
+    out: &Path,
+    port: &str,
+    coordinate: &str,
+    timeout: &str,
+) -> std::process::Command {
+    init_cmd(
+        kubeconfig(),
+        ns,
+        pod,
+        out,
+        &[
+            "--job",
+            "ps=role=ps",
+            "--job",
+            "worker=role=worker",
+            "--expect",
+            "ps=1,worker=3",
+            "--port",
+            port,
+            "--coordinate",
+            coordinate,
+            "--timeout",
+            timeout,
+        ],
+    )
+}
+
+fn read(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file)).unwrap()
+}
+
+/// cluster.json without the two fields that are each agent's own (when, how long).
+fn cluster_json(dir: &Path) -> Value {
+    let mut v: Value = serde_json::from_str(&read(dir, "cluster.json")).unwrap();
+    let o = v.as_object_mut().unwrap();
+    assert!(o.remove("resolved_at").is_some());
+    assert!(o.remove("waited_seconds").is_some());
+    v
+}
+
+#[tokio::test]
+async fn both_modes_write_the_same_files_for_the_same_pods() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-same").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.40.0.{}", i + 1)).await;
+    }
+    let port = free_port().to_string();
+    let mut dirs = Vec::new();
+    for mode in ["never", "always"] {
+        let runs: Vec<_> = pods
+            .iter()
+            .map(|(name, _)| {
+                let d = tempfile::tempdir().unwrap();
+                let h = spawn(agent(&ns, name, d.path(), &port, mode, "60s"));
+                (d, h)
+            })
+            .collect();
+        let mut out = Vec::new();
+        for ((name, _), (d, h)) in pods.iter().zip(runs) {
+            let r = h.await.unwrap();
+            assert_eq!(r.code, 0, "{mode} {name}: {}", r.stderr);
+            if mode == "always" && name != "ps-0" {
+                assert!(r.stderr.contains("Follower"), "{name}: {}", r.stderr);
+            }
+            out.push(d);
+        }
+        dirs.push(out);
+    }
+    let want_cluster = format!(
+        "{{\"ps\":[\"10.40.0.1:{port}\"],\"worker\":[\"10.40.0.2:{port}\",\"10.40.0.3:{port}\",\"10.40.0.4:{port}\"]}}"
+    );
+    for (i, (name, t)) in pods.iter().enumerate() {
+        let (never, always) = (dirs[0][i].path(), dirs[1][i].path());
+        for f in ["tf_config.json", "trainlet.env"] {
+            assert_eq!(read(never, f), read(always, f), "{name} {f}");
+        }
+        assert_eq!(
+            cluster_json(never),
+            cluster_json(always),
+            "{name} cluster.json"
+        );
+        let tf: Value = serde_json::from_str(&read(always, "tf_config.json")).unwrap();
+        assert_eq!(tf["cluster"].to_string(), want_cluster);
+        assert_eq!(tf["task"]["type"], t.as_str());
+    }
+    // The resolver published the cluster on its own pod.
+    let ps0 = Api::<Pod>::namespaced(client, &ns)
+        .get("ps-0")
+        .await
+        .unwrap();
+    let text = ps0.metadata.annotations.unwrap()["trainlet.io/resolution"].clone();
+    let (cluster, _) = trainlet::cluster::published::decode(&text, &ns).unwrap();
+    assert_eq!(cluster.summary(), "ps:1,worker:3");
+}
+
+#[tokio::test]
+async fn a_resolver_pod_replaced_before_it_published_is_followed() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-replaced").await;
+    let pods = job(&client, &ns).await;
+    let port = free_port().to_string();
+    let workers: Vec<_> = pods
+        .iter()
+        .filter(|(_, t)| t == "worker")
+        .map(|(name, _)| {
+            let d = tempfile::tempdir().unwrap();
+            let h = spawn(agent(&ns, name, d.path(), &port, "always", "60s"));
+            (name.clone(), d, h)
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    api.delete("ps-0", &DeleteParams::default()).await.unwrap();
+    pod("ps-0b")
+        .labels(&format!("role=ps,{INDEX}=0"))
+        .create(&client, &ns)
+        .await;
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.run("ps-0b", "10.41.0.9").await;
+    for (i, (name, _, _)) in workers.iter().enumerate() {
+        kubelet.run(name, &format!("10.41.0.{}", i + 1)).await;
+    }
+    let resolver_dir = tempfile::tempdir().unwrap();
+    let r = run(&mut agent(
+        &ns,
+        "ps-0b",
+        resolver_dir.path(),
+        &port,
+        "always",
+        "60s",
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for (i, (name, d, h)) in workers.into_iter().enumerate() {
+        let r = h.await.unwrap();
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        assert_eq!(
+            read(d.path(), "tf_config.json"),
+            format!(
+                "{{\"cluster\":{{\"ps\":[\"10.41.0.9:{port}\"],\"worker\":[\"10.41.0.1:{port}\",\"10.41.0.2:{port}\",\"10.41.0.3:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":{i}}}}}\n"
+            )
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_resolver_pod_never_replaced_is_named_in_the_timeout() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-gone").await;
+    job(&client, &ns).await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("ps-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let r = run(&mut agent(
+        &ns,
+        "worker-1",
+        out.path(),
+        &port,
+        "always",
+        "3s",
+    ));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "peers not ready after 3s: waiting for the cluster from the resolver pod (task 0 of ps, role=ps,{INDEX}=0): no live pod matches role=ps,{INDEX}=0 yet"
+        )
+    );
+    assert!(list_dir(out.path()).is_empty());
+
+    // Deleted while the agent watches it: the message says so.
+    pod("ps-0")
+        .labels(&format!("role=ps,{INDEX}=0"))
+        .create(&client, &ns)
+        .await;
+    let h = spawn(agent(&ns, "worker-1", out.path(), &port, "always", "4s"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("ps-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let r = h.await.unwrap();
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "peers not ready after 4s: waiting for the cluster from the resolver pod (task 0 of ps, role=ps,{INDEX}=0): pod \"ps-0\" was deleted and has no live replacement yet"
+        )
+    );
+    let events = events(&client, &ns).await;
+    assert!(
+        events.iter().any(|(ty, reason, note, pod)| ty == "Warning"
+            && reason == "PeerWaitTimeout"
+            && pod == "worker-1"
+            && note.contains("pod \"ps-0\" was deleted")),
+        "{events:?}"
+    );
+}
+
+/// Whatever the resolver pod carries that is not a usable cluster for this agent, the
+/// agent writes nothing from it and says why when it times out.
+#[tokio::test]
+async fn a_forged_or_broken_annotation_is_never_used() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-forged").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.42.0.{}", i + 1)).await;
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let ps0_uid = api.get("ps-0").await.unwrap().metadata.uid.unwrap();
+    let worker1_uid = api.get("worker-1").await.unwrap().metadata.uid.unwrap();
+    let peer =
+        |name: &str, t: &str, index: usize, address: &str, uid: &str| trainlet::cluster::Peer {
+            name: name.into(),
+            task_type: t.into(),
+            index,
+            address: address.into(),
+            node: Some("node-a".into()),
+            uid: uid.into(),
+            namespace: ns.clone(),
+        };
+    let port = free_port().to_string();
+    let encode = |workers: Vec<trainlet::cluster::Peer>| {
+        let mut c = trainlet::cluster::Cluster::default();
+        c.tasks.insert(
+            "ps".into(),
+            vec![peer(
+                "ps-0",
+                "ps",
+                0,
+                &format!("10.42.0.1:{port}"),
+                &ps0_uid,
+            )],
+        );
+        c.tasks.insert("worker".into(), workers);
+        trainlet::cluster::published::encode(&c, &["ps", "worker"], 1).unwrap()
+    };
+    // Three workers, none of them this pod.
+    let without_me = encode(
+        (0..3)
+            .map(|i| {
+                peer(
+                    &format!("x-{i}"),
+                    "worker",
+                    i,
+                    &format!("10.9.0.{i}:{port}"),
+                    &format!("uid-{i}"),
+                )
+            })
+            .collect(),
+    );
+    // This pod, at an address that is not its own.
+    let elsewhere = encode(vec![
+        peer("worker-0", "worker", 0, "10.9.0.1:1", "uid-a"),
+        peer("worker-1", "worker", 1, "10.66.6.6:1", &worker1_uid),
+        peer("worker-2", "worker", 2, "10.9.0.3:1", "uid-c"),
+    ]);
+    let mut wrong_hash: Value = serde_json::from_str(&without_me).unwrap();
+    wrong_hash["sha256"] = json!("0".repeat(64));
+    let cases = [
+        ("not json", "carries a cluster trainlet cannot use: not trainlet's format: ".to_string()),
+        (wrong_hash.to_string().as_str(), "carries a cluster trainlet cannot use: the hash does not match the content".to_string()),
+        (without_me.as_str(), format!("carries a cluster this pod cannot use: it does not contain this pod (uid {worker1_uid})")),
+    ]
+    .map(|(v, w)| (v.to_string(), w));
+    for (value, why) in cases {
+        api.patch(
+            "ps-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"trainlet.io/resolution": value}}})),
+        )
+        .await
+        .unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let r = run(&mut agent(
+            &ns,
+            "worker-1",
+            out.path(),
+            &port,
+            "always",
+            "2s",
+        ));
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        let want = format!(
+            "peers not ready after 2s: waiting for the cluster from the resolver pod (task 0 of ps, role=ps,{INDEX}=0): pod \"ps-0\" {why}"
+        );
+        assert!(
+            r.error_line().starts_with(&want),
+            "{}\nwant: {want}",
+            r.error_line()
+        );
+        assert!(list_dir(out.path()).is_empty(), "{why}");
+    }
+    // This pod at another address: accepted by the watch, refused against the pod's own
+    // address as the API server reports it; the agent keeps waiting, then times out.
+    api.patch(
+        "ps-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"trainlet.io/resolution": elsewhere}}})),
+    )
+    .await
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut agent(
+        &ns,
+        "worker-1",
+        out.path(),
+        &port,
+        "always",
+        "3s",
+    ));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "it places this pod at 10.66.6.6:1, but its address is 10.42.0.3:{port}"
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(list_dir(out.path()).is_empty());
+}
