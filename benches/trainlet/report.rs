@@ -62,6 +62,54 @@ fn find<'a>(results: &'a Value, tool: &str, n: u64, delay: f64) -> Option<&'a Va
         .find(|r| r["tool"] == tool && r["n"] == n && (f(&r["delay_s"]) - delay).abs() < 0.5)
 }
 
+/// Large jobs: coordinated against every agent watching every peer, same N and shape.
+fn scale_table(s: &mut String, results: &Value) {
+    let rows: Vec<&Value> = results["scale"].as_array().into_iter().flatten().collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n**Large jobs** (both modes on the same control plane; latency from the last pod's Running status; egress = every response byte the API server sent the job's agents):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| N | types | mode | p50 / p99 / max ms | all done ms | peak RSS MiB (median / max) | CPU ms per agent (median) | requests per agent | KiB received per agent | API-server egress per job MiB | egress vs per-agent | failures |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let per_agent = rows
+            .iter()
+            .find(|o| o["tool"] == "Trainlet" && o["n"] == r["n"] && o["types"] == r["types"]);
+        let ratio = per_agent
+            .map(|p| format!("{:.2} %", 100.0 * f(&r["egress_kib"]) / f(&p["egress_kib"])))
+            .unwrap_or_else(|| "(not run)".into());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.0} | {} / {} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            r["n"],
+            r["types"],
+            if r["tool"] == "Trainlet" {
+                "every agent watches all"
+            } else {
+                "coordinated"
+            },
+            f(&r["p50_ms"]),
+            f(&r["p99_ms"]),
+            f(&r["max_ms"]),
+            f(&r["all_done_ms"]),
+            mib(&r["rss_median_kib"]),
+            mib(&r["rss_max_kib"]),
+            f(&r["cpu_median_ms"]),
+            f(&r["requests_per_agent"]),
+            f(&r["bytes_per_agent"]) / 1024.0,
+            f(&r["egress_kib"]) / 1024.0,
+            ratio,
+            r["failures"],
+        );
+    }
+}
+
 pub fn markdown(results: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -118,6 +166,7 @@ pub fn markdown(results: &Value) -> String {
             f(&k["bytes_per_agent"]) / 1024.0,
         );
     }
+    scale_table(&mut s, results);
     let _ = writeln!(
         s,
         "\n**API cost against the wait** (N = 8; requests per agent by verb and resource):\n"

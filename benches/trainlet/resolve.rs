@@ -15,8 +15,11 @@ use crate::support::{self, Kubelet, pod};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Tool {
-    /// `trainlet init`.
+    /// `trainlet init`, every agent watching every peer (`--coordinate never`).
     Trainlet,
+    /// `trainlet init --coordinate always`: task 0 resolves and publishes, the others
+    /// watch only its pod.
+    TrainletCoordinated,
     /// `kubectl wait` + `kubectl get` + shell.
     KubectlWait,
     /// `kubectl get` every 2 s (k8s-wait-for), then `kubectl get` + shell.
@@ -27,6 +30,7 @@ impl Tool {
     pub fn label(self) -> &'static str {
         match self {
             Tool::Trainlet => "trainlet init",
+            Tool::TrainletCoordinated => "trainlet init, coordinated",
             Tool::KubectlWait => "kubectl wait + get",
             Tool::KubectlPoll => "kubectl get, 2 s poll",
         }
@@ -37,6 +41,10 @@ impl Tool {
 pub struct Outcome {
     pub tool: Tool,
     pub n: usize,
+    /// Job types: 1 (`worker`), or 2 (`ps`, one pod in sixteen, and `worker`).
+    pub types: usize,
+    /// What the API server sent for the whole job (every agent), KiB.
+    pub egress_kib: f64,
     /// Seconds between the agents' start and the first Running status.
     pub delay_s: f64,
     pub latency_ms: Vec<f64>,
@@ -73,6 +81,18 @@ struct Setup<'a> {
     sel: &'a str,
     n: usize,
     port: u16,
+    types: usize,
+}
+
+/// The type and the index within it of pod `i` of `n`: with two types, the first
+/// n/16 (at least one) are `ps`.
+pub fn task_of(i: usize, n: usize, types: usize) -> (&'static str, usize) {
+    let ps = if types == 2 { (n / 16).max(1) } else { 0 };
+    if i < ps {
+        ("ps", i)
+    } else {
+        ("worker", i - ps)
+    }
 }
 
 fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
@@ -84,37 +104,53 @@ fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
         sel,
         n,
         port,
+        types,
     } = *s;
     let rss = out.join("rss");
     let mut cmd = Command::new("/usr/bin/time");
     // Peak RSS in KiB, then user and system CPU seconds.
     cmd.arg("-f").arg("%M %U %S").arg("-o").arg(&rss);
     match tool {
-        Tool::Trainlet => {
-            cmd.arg(bin)
-                .arg("init")
-                .arg("--kubeconfig")
-                .arg(kc)
-                .args([
-                    "--pod-name",
-                    pod_name,
-                    "--pod-namespace",
-                    ns,
-                    "--job",
-                    &format!("worker={sel}"),
-                ])
-                .args([
-                    "--expect",
-                    &format!("worker={n}"),
-                    "--port",
-                    &port.to_string(),
-                    "--timeout",
-                    "10m",
-                    "--log-level",
-                    "warn",
-                ])
-                .arg("--output-dir")
-                .arg(out);
+        Tool::Trainlet | Tool::TrainletCoordinated => {
+            let (jobs, expect) = if types == 2 {
+                let ps = (n / 16).max(1);
+                (
+                    vec![
+                        format!("ps={sel},role=ps"),
+                        format!("worker={sel},role=worker"),
+                    ],
+                    format!("ps={ps},worker={}", n - ps),
+                )
+            } else {
+                (vec![format!("worker={sel}")], format!("worker={n}"))
+            };
+            cmd.arg(bin).arg("init").arg("--kubeconfig").arg(kc).args([
+                "--pod-name",
+                pod_name,
+                "--pod-namespace",
+                ns,
+            ]);
+            for j in &jobs {
+                cmd.args(["--job", j]);
+            }
+            cmd.args([
+                "--expect",
+                &expect,
+                "--port",
+                &port.to_string(),
+                "--timeout",
+                "10m",
+                "--log-level",
+                "warn",
+                "--coordinate",
+                if tool == Tool::Trainlet {
+                    "never"
+                } else {
+                    "always"
+                },
+            ])
+            .arg("--output-dir")
+            .arg(out);
         }
         Tool::KubectlWait | Tool::KubectlPoll => {
             let wait = if tool == Tool::KubectlWait {
@@ -146,9 +182,10 @@ mv "$OUT/.tf_config.json.tmp" "$OUT/tf_config.json"
                 .env("HOME", out);
         }
     }
+    // A file, not a pipe: a thousand agents would hold a thousand pipes open here.
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stderr(std::fs::File::create(out.join("stderr")).expect("stderr file"));
     cmd
 }
 
@@ -160,16 +197,41 @@ pub async fn run(
     n: usize,
     delay: Duration,
 ) -> Outcome {
+    run_shaped(client, kc, bin, tool, n, 1, delay).await
+}
+
+/// One run with a job of `types` types (1 or 2); pods carry their type and their
+/// index within it as labels, as Indexed Jobs label theirs.
+pub async fn run_shaped(
+    client: &Client,
+    kc: &Path,
+    bin: &Path,
+    tool: Tool,
+    n: usize,
+    types: usize,
+    delay: Duration,
+) -> Outcome {
     let ns = support::namespace(client, &format!("bench-{n}")).await;
     let sel = format!("bench={}", support::unique());
-    let names: Vec<String> = (0..n).map(|i| format!("w-{i}")).collect();
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            let (t, k) = task_of(i, n, types);
+            format!("{t}-{k}")
+        })
+        .collect();
     let kubelet = Kubelet::new(client, &ns);
-    futures::stream::iter(names.iter())
-        .for_each_concurrent(16, |name| {
+    futures::stream::iter(names.iter().enumerate())
+        .for_each_concurrent(16, |(i, name)| {
             let (client, ns, sel, kubelet) =
                 (client.clone(), ns.clone(), sel.clone(), kubelet.clone());
+            let (t, k) = task_of(i, n, types);
             async move {
-                pod(name).labels(&sel).create(&client, &ns).await;
+                pod(name)
+                    .labels(&format!(
+                        "{sel},role={t},batch.kubernetes.io/job-completion-index={k}"
+                    ))
+                    .create(&client, &ns)
+                    .await;
                 kubelet.bind(name, "node-a").await;
             }
         })
@@ -199,6 +261,7 @@ pub async fn run(
         sel: &sel,
         n,
         port,
+        types,
     };
     let watches_before = pod_watches(&scrape(client).await);
     let before = scrape(client).await;
@@ -251,11 +314,7 @@ pub async fn run(
         let status = tokio::task::block_in_place(|| child.wait()).unwrap();
         if !status.success() {
             failures += 1;
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut err);
-            }
+            let err = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
             eprintln!(
                 "bench: {} agent in {} failed ({status}): {}",
                 tool.label(),
@@ -307,6 +366,8 @@ pub async fn run(
     Outcome {
         tool,
         n,
+        types,
+        egress_kib: bytes / 1024.0,
         delay_s: delay.as_secs_f64(),
         p50_ms: percentile(&sorted, 50.0),
         p99_ms: percentile(&sorted, 99.0),

@@ -26,6 +26,7 @@ pub async fn run_all() {
         .unwrap_or_else(|| vec![8, 64, 256]);
 
     let mut resolves = Vec::new();
+    let mut scaled = Vec::new();
     if want("resolve") {
         for &n in &sizes {
             for tool in [Tool::Trainlet, Tool::KubectlWait] {
@@ -50,6 +51,41 @@ pub async fn run_all() {
                     )
                     .await,
                 );
+            }
+        }
+    }
+    if want("scale") {
+        // Large jobs, both modes side by side: coordinated at every size, every agent
+        // watching every peer up to TRAINLET_BENCH_PER_AGENT_MAX (that mode's cost
+        // grows with N², on two cores).
+        let scale: Vec<usize> = std::env::var("TRAINLET_BENCH_SCALE")
+            .ok()
+            .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+            .unwrap_or_else(|| vec![256, 512, 1024]);
+        let per_agent_max: usize = std::env::var("TRAINLET_BENCH_PER_AGENT_MAX")
+            .ok()
+            .map(|s| s.parse().unwrap())
+            .unwrap_or(512);
+        for &n in &scale {
+            for types in [1, 2] {
+                for tool in [Tool::TrainletCoordinated, Tool::Trainlet] {
+                    if tool == Tool::Trainlet && n > per_agent_max {
+                        continue;
+                    }
+                    eprintln!("bench: scale N={n}, {types} type(s), {}", tool.label());
+                    scaled.push(
+                        resolve::run_shaped(
+                            &client,
+                            &cp.kubeconfig,
+                            bin,
+                            tool,
+                            n,
+                            types,
+                            Duration::ZERO,
+                        )
+                        .await,
+                    );
+                }
             }
         }
     }
@@ -93,6 +129,7 @@ pub async fn run_all() {
         "machine": report::machine(),
         "commit": report::commit(),
         "resolve": resolves,
+        "scale": scaled,
         "footprint": foot,
         "sidecar": rest,
         "oom": oom_latency,

@@ -16,3 +16,4 @@ pub mod gpu;
 pub mod oom;
 pub mod pod;
 pub mod ports;
+pub mod sock_diag;
