@@ -191,7 +191,7 @@ pub async fn run(
         e
     };
     let (cluster, task, waited) = if let Role::Follower { selector } = &role {
-        match follow_resolver(cfg, &client, &id, &own_uid, selector).await {
+        match follow_resolver(cfg, &client, &id, &own, selector).await {
             Ok(r) => r,
             Err(e @ InitError::Follow(FollowError::Timeout { .. })) => {
                 return Err(timed_out(e).await);
@@ -299,12 +299,16 @@ async fn follow_resolver(
     cfg: &InitConfig,
     client: &Client,
     id: &Identity,
-    own_uid: &str,
+    own: &Pod,
     selector: &str,
 ) -> Result<(Cluster, Task, Duration), InitError> {
     let resolver = &cfg.cluster.resolver;
     let types: Vec<&str> = resolver.jobs.iter().map(|j| j.task_type.as_str()).collect();
     let first = types.first().copied().unwrap_or_default();
+    let own_uid = own.uid().unwrap_or_default();
+    let own_uid = own_uid.as_str();
+    // The own address as the pre-flight GET saw it; asked again only if it differs.
+    let mut own_address = resolver.address_of(own)?;
     let start = std::time::Instant::now();
     loop {
         let left = cfg.timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -347,8 +351,17 @@ async fn follow_resolver(
             },
             e => e,
         })?;
-        let own = k8s::get_own_pod(client, id).await?;
-        let address = resolver.address_of(&own)?.unwrap_or_default();
+        let placed = cluster
+            .tasks
+            .values()
+            .flatten()
+            .find(|p| p.uid == own_uid)
+            .map(|p| p.address.clone());
+        if own_address.is_none() || own_address != placed {
+            let fresh = k8s::get_own_pod(client, id).await?;
+            own_address = resolver.address_of(&fresh)?;
+        }
+        let address = own_address.clone().unwrap_or_default();
         let resolver_uid = cluster
             .task(first, 0)
             .map(|p| p.uid.clone())

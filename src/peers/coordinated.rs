@@ -78,27 +78,13 @@ pub async fn follow<T>(
     let mut why = format!("no live pod matches {selector} yet");
     let mut gone: Option<String> = None;
     loop {
-        let batch = match deadline {
-            Some(d) => tokio::select! {
-                b = events.next() => b,
-                _ = tokio::time::sleep_until(d) => {
-                    return Err(FollowError::Timeout {
-                        waited: timeout.unwrap_or_default(),
-                        task_type: task_type.to_string(),
-                        selector: selector.to_string(),
-                        why,
-                    });
-                }
-            },
-            None => events.next().await,
-        };
-        let Some(batch) = batch else {
-            return Err(KubeError::Unreachable {
-                verb: "watch".into(),
-                resource: "pods".into(),
-                message: "watch stream ended".into(),
-            }
-            .into());
+        let Some(batch) = super::next_batch(&mut events, deadline).await? else {
+            return Err(FollowError::Timeout {
+                waited: timeout.unwrap_or_default(),
+                task_type: task_type.to_string(),
+                selector: selector.to_string(),
+                why,
+            });
         };
         for ev in batch {
             match ev {

@@ -11,10 +11,12 @@ pub mod list;
 mod owners;
 pub mod watch;
 
+use futures::{Stream, StreamExt};
 use kube::{Api, Client};
 
 use crate::cluster::slim::PeerPod;
 use crate::cluster::{Namespaces, Resolver};
+use crate::kube::KubeError;
 
 pub use list::resolve_now;
 pub use watch::{Resolved, WaitError, wait_for_peers};
@@ -66,4 +68,24 @@ pub fn selectors(resolver: &Resolver) -> Vec<String> {
         }
     }
     out
+}
+
+/// The next batch of a watch, or `None` once `deadline` has passed. The watchers never
+/// end on their own, so a stream that does is treated as a broken connection.
+async fn next_batch<S: Stream + Unpin>(
+    events: &mut S,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Option<S::Item>, KubeError> {
+    let next = match deadline {
+        Some(d) => tokio::select! {
+            b = events.next() => b,
+            _ = tokio::time::sleep_until(d) => return Ok(None),
+        },
+        None => events.next().await,
+    };
+    next.map(Some).ok_or_else(|| KubeError::Unreachable {
+        verb: "watch".into(),
+        resource: "pods".into(),
+        message: "watch stream ended".into(),
+    })
 }

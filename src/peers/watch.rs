@@ -16,7 +16,7 @@ use thiserror::Error;
 use tracing::{debug, info, warn};
 
 use super::owners::{CountError, OwnerCounts};
-use super::{Scope, selectors};
+use super::{Scope, next_batch, selectors};
 use crate::Code;
 use crate::cluster::slim::PeerPod;
 use crate::cluster::{Assessment, Cluster, ClusterError, Resolver, Shortfall, describe};
@@ -151,25 +151,13 @@ async fn watch(
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
 
     loop {
-        let batch = match deadline {
-            Some(d) => tokio::select! {
-                b = events.next() => b,
-                _ = tokio::time::sleep_until(d) => {
-                    // The configured timeout, not the elapsed time: the message stays exact.
-                    let waited = timeout.unwrap_or_default();
-                    return Err(WaitError::Timeout { waited, shortfalls: last.unwrap_or_default() });
-                }
-            },
-            None => events.next().await,
-        };
-        let Some(batch) = batch else {
-            // The watchers never end on their own; treat it like a broken connection.
-            return Err(KubeError::Unreachable {
-                verb: "watch".into(),
-                resource: "pods".into(),
-                message: "watch stream ended".into(),
-            }
-            .into());
+        let Some(batch) = next_batch(&mut events, deadline).await? else {
+            // The configured timeout, not the elapsed time: the message stays exact.
+            let waited = timeout.unwrap_or_default();
+            return Err(WaitError::Timeout {
+                waited,
+                shortfalls: last.unwrap_or_default(),
+            });
         };
         for (i, ev) in batch {
             match ev {

@@ -238,6 +238,17 @@ async fn a_resolver_pod_never_replaced_is_named_in_the_timeout() {
     );
 }
 
+/// Writes the annotation a resolver would, as anyone with `patch pods` could.
+async fn set_resolution(api: &Api<Pod>, value: &str) {
+    api.patch(
+        "ps-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"trainlet.io/resolution": value}}})),
+    )
+    .await
+    .unwrap();
+}
+
 /// Whatever the resolver pod carries that is not a usable cluster for this agent, the
 /// agent writes nothing from it and says why when it times out.
 #[tokio::test]
@@ -307,13 +318,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
     ]
     .map(|(v, w)| (v.to_string(), w));
     for (value, why) in cases {
-        api.patch(
-            "ps-0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"trainlet.io/resolution": value}}})),
-        )
-        .await
-        .unwrap();
+        set_resolution(&api, &value).await;
         let out = tempfile::tempdir().unwrap();
         let r = run(&mut agent(
             &ns,
@@ -336,13 +341,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
     }
     // This pod at another address: accepted by the watch, refused against the pod's own
     // address as the API server reports it; the agent keeps waiting, then times out.
-    api.patch(
-        "ps-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {"trainlet.io/resolution": elsewhere}}})),
-    )
-    .await
-    .unwrap();
+    set_resolution(&api, &elsewhere).await;
     let out = tempfile::tempdir().unwrap();
     let r = run(&mut agent(
         &ns,

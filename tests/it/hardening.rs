@@ -437,34 +437,8 @@ async fn agents_resume_quickly_after_a_5s_api_server_outage() {
     let cp = PrivateControlPlane::start("outage");
     let client = client_from(&cp.kubeconfig).await;
     let ns = namespace(&client, "outage").await;
-    let names: Vec<String> = (0..4).map(|i| format!("w-{i}")).collect();
-    for n in &names {
-        pod(n).labels("role=w").create(&client, &ns).await;
-    }
     let port = free_port().to_string();
-    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
-    let agents: Vec<_> = names
-        .iter()
-        .zip(&dirs)
-        .map(|(n, d)| {
-            spawn(init_cmd(
-                &cp.kubeconfig,
-                &ns,
-                n,
-                d.path(),
-                &[
-                    "--job",
-                    "worker=role=w",
-                    "--expect",
-                    "worker=4",
-                    "--port",
-                    &port,
-                    "--timeout",
-                    "90s",
-                ],
-            ))
-        })
-        .collect();
+    let (names, dirs, agents) = waiting_agents(&cp.kubeconfig, &client, &ns, 4, &port).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     cp.restart_apiserver(Duration::from_secs(5));
     let client = client_from(&cp.kubeconfig).await;

@@ -211,34 +211,8 @@ async fn agents_survive_an_api_server_restart() {
     let cp = PrivateControlPlane::start("restart");
     let client = client_from(&cp.kubeconfig).await;
     let ns = namespace(&client, "restart").await;
-    let names: Vec<String> = (0..6).map(|i| format!("w-{i}")).collect();
-    for n in &names {
-        pod(n).labels("role=w").create(&client, &ns).await;
-    }
     let port = free_port().to_string();
-    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
-    let agents: Vec<_> = names
-        .iter()
-        .zip(&dirs)
-        .map(|(n, d)| {
-            spawn(init_cmd(
-                &cp.kubeconfig,
-                &ns,
-                n,
-                d.path(),
-                &[
-                    "--job",
-                    "worker=role=w",
-                    "--expect",
-                    "worker=6",
-                    "--port",
-                    &port,
-                    "--timeout",
-                    "90s",
-                ],
-            ))
-        })
-        .collect();
+    let (names, dirs, agents) = waiting_agents(&cp.kubeconfig, &client, &ns, 6, &port).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     cp.restart_apiserver(Duration::from_secs(2));
     let client = client_from(&cp.kubeconfig).await;

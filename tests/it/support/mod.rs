@@ -627,3 +627,48 @@ pub fn init_cmd(kubeconfig: &Path, ns: &str, pod: &str, out: &Path, extra: &[&st
         .args(extra);
     cmd
 }
+
+/// `n` pods `w-0`… labelled `role=w`, and a waiting `trainlet init` agent for each on
+/// `kubeconfig` (`--job worker=role=w --expect worker=n`): the pod names, the agents'
+/// output directories and their runs.
+pub async fn waiting_agents(
+    kubeconfig: &Path,
+    client: &Client,
+    ns: &str,
+    n: usize,
+    port: &str,
+) -> (
+    Vec<String>,
+    Vec<tempfile::TempDir>,
+    Vec<tokio::task::JoinHandle<Run>>,
+) {
+    let names: Vec<String> = (0..n).map(|i| format!("w-{i}")).collect();
+    for name in &names {
+        pod(name).labels("role=w").create(client, ns).await;
+    }
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let expect = format!("worker={n}");
+    let agents = names
+        .iter()
+        .zip(&dirs)
+        .map(|(name, d)| {
+            spawn(init_cmd(
+                kubeconfig,
+                ns,
+                name,
+                d.path(),
+                &[
+                    "--job",
+                    "worker=role=w",
+                    "--expect",
+                    &expect,
+                    "--port",
+                    port,
+                    "--timeout",
+                    "90s",
+                ],
+            ))
+        })
+        .collect();
+    (names, dirs, agents)
+}
