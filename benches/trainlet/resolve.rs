@@ -84,6 +84,14 @@ struct Setup<'a> {
     types: usize,
 }
 
+/// The server port of pod `i`, named `tf`. On this one host every agent shares a
+/// network namespace, and agents that bind-test one port at the same moment would see
+/// each other's test as a conflict (in a cluster each pod has its own namespace): so
+/// each pod gets a port of its own, below the ephemeral range.
+pub fn own_port(i: usize) -> u16 {
+    21000 + i as u16
+}
+
 /// The type and the index within it of pod `i` of `n`: with two types, the first
 /// n/16 (at least one) are `ps`.
 pub fn task_of(i: usize, n: usize, types: usize) -> (&'static str, usize) {
@@ -136,6 +144,8 @@ fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
             cmd.args([
                 "--expect",
                 &expect,
+                "--port-name",
+                "tf",
                 "--port",
                 &port.to_string(),
                 "--timeout",
@@ -230,6 +240,7 @@ pub async fn run_shaped(
                     .labels(&format!(
                         "{sel},role={t},batch.kubernetes.io/job-completion-index={k}"
                     ))
+                    .port("tf", i32::from(own_port(i)))
                     .create(&client, &ns)
                     .await;
                 kubelet.bind(name, "node-a").await;
