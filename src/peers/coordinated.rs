@@ -1,7 +1,8 @@
 //! Coordinated mode, the followers' side: watch the one resolver pod (a label selector
 //! that matches only task 0 of the first type) until it carries a published cluster
 //! that this agent accepts. One object instead of N: the API server sends each follower
-//! a few events, not one per peer and change.
+//! a few events, not one per peer and change; and only the pod's metadata, where the
+//! annotation is (a metadata watch), not its spec and status with every update.
 //!
 //! The resolver pod may not exist yet, be deleted, or be replaced: the follower waits
 //! for whichever live pod the selector matches, and its timeout names the resolver pod
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use thiserror::Error;
@@ -19,7 +21,6 @@ use tracing::{info, warn};
 
 use super::watch::{fatal_watch_error, retry_backoff};
 use crate::Code;
-use crate::cluster::is_live;
 use crate::kube::KubeError;
 
 /// What a follower makes of a resolver pod.
@@ -63,18 +64,19 @@ pub async fn follow<T>(
     task_type: &str,
     selector: &str,
     timeout: Option<Duration>,
-    mut verify: impl FnMut(&Pod) -> Verdict<T>,
+    mut verify: impl FnMut(&PartialObjectMeta<Pod>) -> Verdict<T>,
 ) -> Result<(T, Duration), FollowError> {
     let start = Instant::now();
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    // An Api of PartialObjectMeta makes metadata-only requests.
+    let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), namespace);
     let cfg = watcher::Config::default().labels(selector).any_semantic();
     let mut events = watcher(api, cfg)
         .backoff(retry_backoff())
         .ready_chunks(64)
         .boxed();
-    let mut pods: HashMap<String, Pod> = HashMap::new();
-    let mut init: HashMap<String, Pod> = HashMap::new();
+    let mut pods: HashMap<String, PartialObjectMeta<Pod>> = HashMap::new();
+    let mut init: HashMap<String, PartialObjectMeta<Pod>> = HashMap::new();
     let mut why = format!("no live pod matches {selector} yet");
     let mut gone: Option<String> = None;
     loop {
@@ -108,7 +110,12 @@ pub async fn follow<T>(
                 }
             }
         }
-        let live: Vec<&Pod> = pods.values().filter(|p| is_live(p)).collect();
+        // Metadata only: a pod being deleted is gone; a finished resolver's annotation
+        // still holds the cluster it resolved.
+        let live: Vec<&PartialObjectMeta<Pod>> = pods
+            .values()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
         if live.is_empty() {
             why = match &gone {
                 Some(name) => format!("pod {name:?} was deleted and has no live replacement yet"),
