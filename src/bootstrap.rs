@@ -272,10 +272,30 @@ pub async fn run(
             }
         }
     }
-    best_effort(
-        publisher.annotate(&annotation).await,
-        "annotate the pod with its task",
-    );
+    if annotation.contains_key(ANNOTATION) {
+        // The followers wait for this patch: a passing API error must not strand them.
+        // Retried briefly; RBAC or validation errors are not transient and are logged.
+        let mut delay = Duration::from_millis(200);
+        for attempt in 1..=5 {
+            match publisher.annotate(&annotation).await {
+                Ok(()) => break,
+                Err(crate::publish::PublishError::Kube(e)) if e.is_transient() && attempt < 5 => {
+                    warn!("could not publish the cluster ({e}); retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => {
+                    warn!("could not publish the cluster for the other agents: {e}");
+                    break;
+                }
+            }
+        }
+    } else {
+        best_effort(
+            publisher.annotate(&annotation).await,
+            "annotate the pod with its task",
+        );
+    }
     let note = format!(
         "{}/{} of {} after {:.1}s",
         task.task_type,
