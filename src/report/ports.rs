@@ -236,20 +236,8 @@ pub fn conflict_message(port: u16, state: &PortState, container: &str) -> String
     }
 }
 
-/// Reads the LISTEN sockets of this network namespace, IPv4 and IPv6: through netlink
-/// `sock_diag` for the real `/proc` (it returns the listeners only; see
-/// `report::sock_diag`), else, or when netlink fails, from `proc_root`'s files.
-pub fn scan(proc_root: &Path) -> Result<Vec<Listener>, PortsError> {
-    if proc_root == Path::new("/proc")
-        && let Ok(l) = super::sock_diag::listeners()
-    {
-        return Ok(l);
-    }
-    scan_proc(proc_root)
-}
-
-/// Reads the LISTEN sockets from `net/tcp` and `net/tcp6` under `proc_root`. A missing
-/// `tcp6` (IPv6 disabled) is not an error.
+/// Reads the LISTEN sockets from `net/tcp` and `net/tcp6` under `proc_root`: the
+/// fallback of `sock_diag::scan`. A missing `tcp6` (IPv6 disabled) is not an error.
 pub fn scan_proc(proc_root: &Path) -> Result<Vec<Listener>, PortsError> {
     let mut out = Vec::new();
     for (name, required) in [("net/tcp", true), ("net/tcp6", false)] {
@@ -547,7 +535,7 @@ mod tests {
     fn scan_reads_this_namespace() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let all = scan(Path::new("/proc")).unwrap();
+        let all = scan_proc(Path::new("/proc")).unwrap();
         let mine: Vec<_> = all.iter().filter(|l| l.port == port).collect();
         assert_eq!(mine.len(), 1, "{all:?}");
         let inodes = HashSet::from([mine[0].inode]);

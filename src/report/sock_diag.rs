@@ -6,8 +6,8 @@
 //! with a few hundred connections that cost 8 ms of CPU per probe, most of an exec
 //! reporter's cost at rest in the host's network namespace. A `sock_diag` dump asked
 //! for LISTEN sockets only walks the listening table and returns just those. Where
-//! netlink is unavailable (a seccomp profile, an old kernel), `ports::scan` falls back
-//! to `/proc`.
+//! netlink is unavailable (a seccomp profile, an old kernel), [`scan`] falls back to
+//! `/proc`.
 
 use std::io;
 
@@ -20,7 +20,20 @@ use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, Stat
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 use netlink_sys::{Socket, SocketAddr};
 
-use super::ports::Listener;
+use std::path::Path;
+
+use super::ports::{self, Listener, PortsError};
+
+/// Reads the LISTEN sockets of this network namespace, IPv4 and IPv6: through netlink
+/// for the real `/proc`, else, or when netlink fails, from `proc_root`'s files.
+pub fn scan(proc_root: &Path) -> Result<Vec<Listener>, PortsError> {
+    if proc_root == Path::new("/proc")
+        && let Ok(l) = listeners()
+    {
+        return Ok(l);
+    }
+    ports::scan_proc(proc_root)
+}
 
 /// The LISTEN TCP sockets, IPv4 and IPv6.
 pub fn listeners() -> io::Result<Vec<Listener>> {
@@ -99,7 +112,7 @@ mod tests {
         let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let v6 = std::net::TcpListener::bind("[::1]:0").ok();
         let mut from_netlink = listeners().unwrap();
-        let mut from_proc = super::super::ports::scan_proc(std::path::Path::new("/proc")).unwrap();
+        let mut from_proc = ports::scan_proc(Path::new("/proc")).unwrap();
         let key = |l: &Listener| (l.inode, l.port);
         from_netlink.sort_by_key(key);
         from_proc.sort_by_key(key);

@@ -11,6 +11,7 @@ use super::Mode;
 use crate::report::oom::ProcStat;
 use crate::report::pod::PodView;
 use crate::report::ports::{self, ListenerFacts, Owner, PortState};
+use crate::report::sock_diag;
 
 /// What is remembered about a listening socket between probes.
 #[derive(Debug, Clone)]
@@ -56,7 +57,7 @@ impl Listeners {
 
     /// Exec mode, before CMD exists: who already listens (such a port is a conflict).
     pub fn before_spawn(&mut self) {
-        if let Ok(l) = ports::scan(&self.proc_root) {
+        if let Ok(l) = sock_diag::scan(&self.proc_root) {
             self.pre_spawn = l.iter().map(|l| l.inode).collect();
         }
     }
@@ -87,7 +88,7 @@ impl Listeners {
             self.error = None;
             return;
         }
-        let listeners = match ports::scan(&self.proc_root) {
+        let listeners = match sock_diag::scan(&self.proc_root) {
             Ok(l) => {
                 self.error = None;
                 l
