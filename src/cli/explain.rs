@@ -116,6 +116,15 @@ pub fn transform(e: &TransformError) -> String {
     }
 }
 
+/// The message of a `resolve` error.
+pub fn list(e: &ListError) -> String {
+    match e {
+        ListError::Kube(k) => kube(k),
+        ListError::Cluster(c) => cluster(c),
+        ListError::NotReady(_) => e.to_string(),
+    }
+}
+
 /// The message of a metrics server error.
 pub fn metrics(e: &MetricsError) -> String {
     match e {
@@ -148,6 +157,7 @@ failure_from! {
     WaitError => wait,
     OutputError => output,
     InitError => init,
+    ListError => list,
     InjectError => inject,
     MetricsError => metrics,
     ReportError => report,
@@ -156,17 +166,6 @@ failure_from! {
 
 fn spawn(e: &SpawnError) -> String {
     e.to_string()
-}
-
-impl From<ListError> for Failure {
-    fn from(e: ListError) -> Self {
-        let message = match &e {
-            ListError::Kube(k) => kube(k),
-            ListError::Cluster(c) => cluster(c),
-            ListError::NotReady(_) => e.to_string(),
-        };
-        Failure::new(e.code(), message)
-    }
 }
 
 #[cfg(test)]

@@ -18,27 +18,27 @@ pub const INDEX_KEYS: [&str; 3] = [
 /// The pod's index and the key it came from, or `None` when it carries none. A value
 /// that is not a number is treated as no index.
 pub fn pod_index(pod: &Pod) -> Option<(u64, &'static str)> {
-    let meta = &pod.metadata;
-    for key in INDEX_KEYS {
-        let value = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(key))
-            .or_else(|| meta.annotations.as_ref().and_then(|a| a.get(key)));
-        if let Some(i) = value.and_then(|v| v.trim().parse::<u64>().ok()) {
-            return Some((i, key));
-        }
-    }
-    None
+    index(pod, true)
 }
 
 /// The pod's index from a *label* (not an annotation) and the label's key: what a
 /// label selector can find the pod by.
 pub fn label_index(pod: &Pod) -> Option<(u64, &'static str)> {
-    let labels = pod.metadata.labels.as_ref()?;
+    index(pod, false)
+}
+
+/// The first index key the pod carries as a label (or, with `annotations`, as an
+/// annotation where the label is absent) with a number for its value.
+fn index(pod: &Pod, annotations: bool) -> Option<(u64, &'static str)> {
+    let meta = &pod.metadata;
     INDEX_KEYS.iter().find_map(|key| {
-        let i = labels.get(*key)?.trim().parse::<u64>().ok()?;
-        Some((i, *key))
+        let value = meta.labels.as_ref().and_then(|l| l.get(*key)).or_else(|| {
+            meta.annotations
+                .as_ref()
+                .filter(|_| annotations)
+                .and_then(|a| a.get(*key))
+        })?;
+        Some((value.trim().parse::<u64>().ok()?, *key))
     })
 }
 
