@@ -87,6 +87,12 @@ pub struct XidLabel {
     pub xid: String,
 }
 
+/// Why an observation from the training container was rejected.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: String,
@@ -105,6 +111,8 @@ pub struct Metrics {
     pub annotation_patches: Counter,
     pub api_errors: Counter,
     pub admin_refused: Counter,
+    pub observations: Counter,
+    pub observations_rejected: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -127,9 +135,15 @@ impl Metrics {
             annotation_patches: Counter::default(),
             api_errors: Counter::default(),
             admin_refused: Counter::default(),
+            observations: Counter::default(),
+            observations_rejected: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("gpus", "GPUs visible through NVML", m.gpus.clone());
+        registry.register(
+            "gpus",
+            "GPUs visible through NVML in the training container; -1 while unknown (a sidecar without GPUs or observations from trainlet exec)",
+            m.gpus.clone(),
+        );
         registry.register(
             "gpus_expected",
             "GPUs expected: the training container's nvidia.com/gpu limit or --expect-gpus (0 when none)",
@@ -174,6 +188,16 @@ impl Metrics {
             "admin_connections_refused",
             "Admin connections closed at once because 1024 were already open",
             m.admin_refused.clone(),
+        );
+        registry.register(
+            "observations",
+            "New versions of trainlet exec's observations the sidecar accepted",
+            m.observations.clone(),
+        );
+        registry.register(
+            "observations_rejected",
+            "Observations from the training container the sidecar rejected, by reason (too-large, not-a-file, unreadable, malformed, invalid)",
+            m.observations_rejected.clone(),
         );
         registry.register(
             "build",

@@ -263,6 +263,14 @@ pub struct ReportArgs {
         default_value_t = defaults::metrics_addr()
     )]
     pub metrics_addr: String,
+
+    /// The observation handover: a directory on a volume shared by the training
+    /// container (writable) and the trainlet sidecar (read-only); `inject --wrap` mounts
+    /// one at /run/trainlet. `exec --report` writes what only it sees there (its GPUs,
+    /// CMD's ports and OOM kills) instead of publishing it, so the training container
+    /// needs no API credentials; the sidecar reads it and is the pod's only reporter.
+    #[arg(long, env = "TRAINLET_OBSERVATIONS", value_name = "DIR")]
+    pub observations: Option<PathBuf>,
 }
 
 /// `trainlet init`.

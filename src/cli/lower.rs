@@ -308,6 +308,14 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
             "invalid --nvml-lib \"\": give the path of libnvidia-ml.so.1",
         ));
     }
+    if let Some(dir) = &r.observations
+        && !dir.is_dir()
+    {
+        return Err(Failure::usage(format!(
+            "invalid --observations {:?}: no such directory; mount the volume shared with the trainlet sidecar there",
+            dir.display().to_string()
+        )));
+    }
     Ok(ReportConfig {
         mode,
         kube: kube_settings(kube)?,
@@ -320,6 +328,7 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
         ports: Vec::new(),
         cgroup_root: None,
         exit_with_main: false,
+        observations: r.observations.clone(),
     })
 }
 

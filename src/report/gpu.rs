@@ -9,13 +9,13 @@ use std::path::PathBuf;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The library NVML ships as, found through the dynamic loader's search path.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 
 /// One GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDevice {
     pub index: u32,
     pub uuid: String,
@@ -24,7 +24,8 @@ pub struct GpuDevice {
 }
 
 /// Why NVML cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Unavailable {
     /// `dlopen` failed: no driver installed, or the library is not mounted into the
     /// container (the NVIDIA container toolkit does that for GPU containers).
@@ -100,13 +101,16 @@ pub struct Expected {
 }
 
 /// The GPU verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GpuStatus {
     /// As many as expected, or none expected.
     Ok,
     Mismatch,
     Unavailable,
+    /// The reporter cannot see the training container's GPUs: a sidecar without a GPU
+    /// of its own and without observations from `trainlet exec`.
+    Unknown,
 }
 
 /// Compares what NVML shows with what is expected. Pure.

@@ -14,6 +14,7 @@
 pub mod engine;
 pub mod gpu;
 pub mod gpu_events;
+pub mod handover;
 pub mod oom;
 pub mod pod;
 pub mod ports;

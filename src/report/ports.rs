@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// TCP state 0x0A in `/proc/net/tcp`.
@@ -111,7 +111,7 @@ pub fn socket_inode(link: &str) -> Option<u64> {
 }
 
 /// A process that holds a socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
     pub pid: u32,
     pub comm: String,
@@ -133,7 +133,7 @@ pub struct ListenerFacts {
 }
 
 /// Why a port is in conflict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConflictReason {
     /// A visible process outside the training container holds it.
@@ -145,7 +145,7 @@ pub enum ConflictReason {
 }
 
 /// The state of one watched port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum PortState {
     Free,

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What an XID means, for the ones people meet most; `None` for the rest.
 pub fn meaning(xid: u64) -> Option<&'static str> {
@@ -40,7 +40,7 @@ pub fn is_critical(xid: u64) -> bool {
 }
 
 /// One XID error on one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct XidError {
     pub gpu: u32,
     pub uuid: String,

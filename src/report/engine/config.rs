@@ -49,6 +49,9 @@ pub struct Config {
     pub cgroup_root: Option<PathBuf>,
     /// Sidecar: exit once the training container has terminated for good.
     pub exit_with_main: bool,
+    /// The handover directory: exec writes its observations there instead of
+    /// publishing them; the sidecar reads them and publishes for both.
+    pub observations: Option<PathBuf>,
 }
 
 #[derive(Debug, Error)]

@@ -64,6 +64,10 @@ impl Engine {
 
     pub(super) fn on_pod(&mut self, mut pod: Pod) {
         pod.metadata.managed_fields = None;
+        if self.cfg.mode == Mode::Sidecar && !self.seeded {
+            self.seed_from(&pod);
+            self.seeded = true;
+        }
         if let Some(link) = &self.link {
             self.outbox
                 .attach(|| Publisher::new(link.client.clone(), &pod), &pod);

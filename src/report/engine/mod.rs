@@ -20,6 +20,7 @@
 mod budget;
 pub mod child;
 mod config;
+mod handover;
 mod link;
 pub mod listeners;
 pub mod oom_watch;
@@ -35,10 +36,8 @@ use k8s_openapi::api::core::v1::Container;
 use tracing::{info, warn};
 
 use crate::Code;
-use crate::metrics::{
-    self, ContainerLabel, GpuLabel, Metrics, MetricsError, PortLabel, Readiness, XidLabel,
-};
-use crate::report::gpu::{GpuInfo, GpuProbe};
+use crate::metrics::{self, ContainerLabel, GpuLabel, Metrics, MetricsError, PortLabel, Readiness};
+use crate::report::gpu::{GpuInfo, GpuProbe, GpuStatus};
 use crate::report::gpu_events::{self, GpuEvent};
 use crate::report::oom::{self, OomKill};
 use crate::report::pod::{self, PodView};
@@ -75,13 +74,27 @@ pub struct Engine {
     xids: XidLedger,
     gpu_events: Option<tokio::sync::mpsc::UnboundedReceiver<GpuEvent>>,
     gpu_events_stop: Arc<AtomicBool>,
+    /// exec `--observations`: hands its observations to the sidecar.
+    outgoing: Option<handover::Outgoing>,
+    /// sidecar `--observations`: reads exec's observations.
+    inbox: Option<handover::Inbox>,
+    /// The first view of the own pod has seeded what was announced before.
+    seeded: bool,
 }
 
 impl Engine {
     pub fn new(cfg: Config) -> Engine {
         let started = SystemTime::now();
         let proc_root = Path::new("/proc");
+        let (outgoing, inbox) = match (cfg.mode, cfg.observations.clone()) {
+            (Mode::Exec, Some(dir)) => (Some(handover::Outgoing::new(dir, started)), None),
+            (Mode::Sidecar, Some(dir)) => (None, Some(handover::Inbox::new(dir))),
+            (_, None) => (None, None),
+        };
         Engine {
+            outgoing,
+            inbox,
+            seeded: false,
             gpu_probe: GpuProbe::new(cfg.nvml_lib.clone()),
             outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
             listeners: Listeners::new(proc_root),
@@ -126,11 +139,7 @@ impl Engine {
                 warn!(count = n, "{}", e.message());
                 self.metrics
                     .gpu_xid_errors
-                    .get_or_create(&XidLabel {
-                        gpu: e.gpu.to_string(),
-                        uuid: e.uuid.clone(),
-                        xid: e.xid.to_string(),
-                    })
+                    .get_or_create(&handover::xid_label(&e))
                     .inc();
                 self.outbox.push(("GPUXidError", e.message()), true);
             }
@@ -181,6 +190,7 @@ impl Engine {
         if self.cfg.mode == Mode::Exec {
             self.oom.refresh_tree();
         }
+        self.read_observations();
         let watched = self.watched_ports();
         let container = self.container_name();
         let cx = listeners::Context {
@@ -222,27 +232,65 @@ impl Engine {
         if let Some(e) = &self.listeners.error {
             errors.insert("ports".into(), e.clone());
         }
+        // A sidecar reports the GPUs and ports the training container's trainlet exec
+        // observed; from its own NVML only when it has GPUs of its own; else the count
+        // is unknown, which is no problem to announce.
+        let now = SystemTime::now();
+        let exec = self.inbox.as_ref().and_then(|i| i.fresh(now));
+        let exec_gpu = exec.map(|o| o.gpu_info());
+        let mut ports = self.listeners.states.clone();
+        let mut unknown = None;
+        let (gpu, gpus_seen, gpu_lost) = match (exec, &exec_gpu) {
+            (Some(o), Some(g)) => {
+                ports.extend(o.port_states());
+                for (k, v) in &o.errors {
+                    errors.insert(format!("exec {k}"), v.clone());
+                }
+                sources.push(format!(
+                    "trainlet exec in container {container} (observations)"
+                ));
+                (g, o.gpu.seen, o.gpu.lost.as_deref())
+            }
+            _ => {
+                if self.cfg.mode == Mode::Sidecar && self.gpu.count() == 0 {
+                    unknown = Some(match &self.inbox {
+                        Some(i) => i.why_unknown(&self.gpu.nvml_status(), now),
+                        None => format!(
+                            "this sidecar has no GPU of its own (NVML: {}) and no observations from trainlet exec (--observations)",
+                            self.gpu.nvml_status()
+                        ),
+                    });
+                }
+                (&self.gpu, self.gpus_seen, self.gpu_lost.as_deref())
+            }
+        };
+        let mark = self.exec_mark();
         let step = self.state.step(Observed {
             mode: self.cfg.mode.as_str(),
             container: &container,
             since: &self.since,
-            gpu: &self.gpu,
+            gpu,
             expected: expected.as_ref(),
-            ports: &self.listeners.states,
+            ports: &ports,
             oom_total: self.oom.ledger.total,
             oom_by_container: &self.oom.ledger.by_container,
             oom_recent: &self.oom.ledger.kills,
             oom_sources: sources,
             errors,
-            gpus_seen: self.gpus_seen,
-            gpu_lost: self.gpu_lost.as_deref(),
+            gpus_seen,
+            gpu_lost,
             xids: &self.xids,
+            gpu_unknown: unknown.as_deref(),
+            exec: mark.as_ref(),
         });
         if let Some(summary) = &step.summary {
             info!(devices = ?step.report.gpu.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "report: {summary}");
         }
         let m = &self.metrics;
-        m.gpus.set(i64::from(step.report.gpu.count));
+        m.gpus.set(match step.report.gpu.status {
+            GpuStatus::Unknown => -1,
+            _ => i64::from(step.report.gpu.count),
+        });
         m.gpus_expected
             .set(expected.as_ref().map_or(0, |e| i64::from(e.count)));
         m.health.set(i64::from(step.report.health == Health::Ok));
@@ -262,7 +310,7 @@ impl Engine {
         drop(m.oom_kills.get_or_create(&ContainerLabel { container }));
         // No await between clear and set: a scrape on this thread never sees a gap.
         m.port_conflict.clear();
-        for (port, state) in &self.listeners.states {
+        for (port, state) in &ports {
             m.port_conflict
                 .get_or_create(&PortLabel {
                     port: port.to_string(),
@@ -279,6 +327,7 @@ impl Engine {
         self.outbox.want(step.annotations);
         self.evaluated = true;
         self.schedule();
+        self.hand_over(None);
     }
 
     fn schedule(&mut self) {
@@ -327,6 +376,11 @@ impl Engine {
                     }
                     None => pods = None,
                 },
+                Some(()) = handover::next_version(&mut self.inbox) => {
+                    if self.read_observations() {
+                        self.evaluate();
+                    }
+                }
                 Some(ev) = next_gpu_event(&mut self.gpu_events) => {
                     self.on_gpu_event(ev);
                     self.evaluate();
@@ -410,6 +464,7 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
         engine.oom.resolve_container_cgroups(root, &engine.view);
     }
     engine.watch_gpu_events();
+    engine.watch_observations();
     engine.run_loop(&mut signals).await;
     engine.stop_gpu_events();
     engine.outbox.flush(&engine.metrics, &engine.ready).await;
@@ -463,7 +518,13 @@ pub async fn exec(
     info!(pid = child.pid, "started {program}");
     engine.child = Some(child);
 
-    if let Err(e) = engine.connect().await {
+    if engine.outgoing.is_some() {
+        // The sidecar publishes: this container needs (and has) no API credentials.
+        info!(
+            dir = %engine.cfg.observations.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+            "handing observations to the trainlet sidecar"
+        );
+    } else if let Err(e) = engine.connect().await {
         warn!("reporting to the pod is off: {e}");
     }
     // The name may have changed now that the pod is known.
@@ -485,8 +546,10 @@ pub async fn exec(
     let oom = engine.oom.ledger.kills.last().map(OomKill::message);
     let code = engine
         .child
+        .as_ref()
         .and_then(|c| c.exit)
         .unwrap_or(Code::Internal as i32);
+    engine.hand_over(Some(code));
     Ok(Ended { code, oom })
 }
 

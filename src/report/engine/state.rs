@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use super::budget::REPORT_MAX;
 use crate::publish::keys;
@@ -52,10 +52,22 @@ pub struct GpuSection {
     /// Every XID error since trainlet started, counted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub xid_errors: Vec<XidCount>,
+    /// Why the count is unknown, while it is (status `unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+}
+
+/// What the sidecar has published from `trainlet exec`'s observations: the run of exec
+/// (`epoch`) and its last kill announced. Read back after a restart of the sidecar, so
+/// that nothing is announced twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecMark {
+    pub epoch: String,
+    pub kills: u64,
 }
 
 /// One GPU's XID and how often it occurred.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct XidCount {
     #[serde(flatten)]
     pub error: XidError,
@@ -63,7 +75,7 @@ pub struct XidCount {
 }
 
 /// One watched port.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct PortEntry {
     pub port: u16,
     #[serde(flatten)]
@@ -101,6 +113,9 @@ pub struct Report {
     /// Probes that failed, by probe: their part of the report is partial.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub errors: BTreeMap<String, String>,
+    /// The sidecar publishes `trainlet exec`'s observations: see [`ExecMark`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecMark>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -124,18 +139,28 @@ pub struct Observed<'a> {
     /// NVML's event thread reported the GPUs lost.
     pub gpu_lost: Option<&'a str>,
     pub xids: &'a XidLedger,
+    /// Why the GPUs cannot be seen at all (a sidecar without GPUs or observations).
+    pub gpu_unknown: Option<&'a str>,
+    pub exec: Option<&'a ExecMark>,
 }
 
 /// Builds the report and decides health. Degraded means a person should look: a GPU
 /// count mismatch, GPUs expected but NVML unavailable, a port conflict, or an OOM kill
 /// since trainlet started.
 pub fn assemble(o: Observed<'_>) -> Report {
-    let status = gpu::verdict(o.gpu, o.expected);
+    let status = match o.gpu_unknown {
+        Some(_) => GpuStatus::Unknown,
+        None => gpu::verdict(o.gpu, o.expected),
+    };
     let mut reasons = Vec::new();
     if let (GpuStatus::Mismatch | GpuStatus::Unavailable, Some(e)) = (&status, o.expected) {
         reasons.push(gpu::message(o.gpu, e, o.container));
     }
-    let lost = lost(&o);
+    let lost = if o.gpu_unknown.is_some() {
+        None
+    } else {
+        lost(&o)
+    };
     if let Some(why) = &lost {
         reasons.push(why.clone());
     }
@@ -191,6 +216,7 @@ pub fn assemble(o: Observed<'_>) -> Report {
                     count: *n,
                 })
                 .collect(),
+            unknown: o.gpu_unknown.map(str::to_string),
         },
         ports: o
             .ports
@@ -207,6 +233,7 @@ pub fn assemble(o: Observed<'_>) -> Report {
             recent: o.oom_recent.to_vec(),
         },
         errors: o.errors,
+        exec: o.exec.cloned(),
         truncated: false,
     }
 }
@@ -253,8 +280,12 @@ pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Optio
         }
         seen.join(",")
     };
+    let count = match report.gpu.status {
+        GpuStatus::Unknown => "unknown".to_string(),
+        _ => report.gpu.count.to_string(),
+    };
     BTreeMap::from([
-        (keys::GPU_COUNT.into(), Some(report.gpu.count.to_string())),
+        (keys::GPU_COUNT.into(), Some(count)),
         (
             keys::GPU_PRODUCT.into(),
             (!products.is_empty()).then_some(products),
@@ -372,7 +403,53 @@ pub struct Step {
     pub summary: Option<String>,
 }
 
+/// What a reporter published before it restarted, read back from the pod's
+/// `trainlet.io/report`: only the parts that decide what was already announced.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct Previous {
+    #[serde(default)]
+    pub gpu: PreviousGpu,
+    #[serde(default)]
+    pub ports: Vec<PortEntry>,
+    #[serde(default)]
+    pub exec: Option<ExecMark>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct PreviousGpu {
+    #[serde(default)]
+    pub status: Option<GpuStatus>,
+    #[serde(default)]
+    pub count: u32,
+    #[serde(default)]
+    pub lost: Option<String>,
+    #[serde(default)]
+    pub xid_errors: Vec<XidCount>,
+}
+
+impl Previous {
+    /// `None` when the pod carries no report, or one this version cannot read.
+    pub fn parse(report_json: &str) -> Option<Previous> {
+        serde_json::from_str(report_json).ok()
+    }
+}
+
 impl State {
+    /// Starts from what the pod already says, so that a restarted reporter does not
+    /// announce again what the pod's Events already told.
+    pub fn seed(&mut self, prev: &Previous) {
+        if let Some(status) = &prev.gpu.status {
+            self.announced.gpu = Some((status.clone(), prev.gpu.count));
+        }
+        self.announced.conflicts = prev
+            .ports
+            .iter()
+            .filter(|p| p.state.is_conflict())
+            .map(|p| p.port)
+            .collect();
+        self.announced.lost = prev.gpu.lost.is_some();
+    }
+
     /// Evaluates the latest observations.
     pub fn step(&mut self, observed: Observed<'_>) -> Step {
         let report = assemble(observed);
@@ -475,6 +552,8 @@ mod tests {
             gpus_seen: g.count(),
             gpu_lost: None,
             xids: &NO_XIDS,
+            gpu_unknown: None,
+            exec: None,
         })
     }
 
@@ -662,6 +741,8 @@ mod tests {
             gpus_seen: g.count(),
             gpu_lost: None,
             xids: &NO_XIDS,
+            gpu_unknown: None,
+            exec: None,
         })
     }
 
@@ -682,6 +763,8 @@ mod tests {
             gpus_seen: seen,
             gpu_lost: None,
             xids,
+            gpu_unknown: None,
+            exec: None,
         })
     }
 
@@ -918,5 +1001,68 @@ mod tests {
             serde_json::from_str(s.annotations[keys::REPORT].as_ref().unwrap()).unwrap();
         assert_eq!(v["oom"]["kills"], 1);
         assert_eq!(v["health"], "degraded");
+    }
+
+    #[test]
+    fn a_seeded_state_does_not_announce_again_what_the_pod_already_says() {
+        let e = limit(4);
+        let mut first = State::default();
+        let s = step(&mut first, &gpus(3), Some(&e), &conflict(), &[]);
+        assert_eq!(reasons(&s), ["GPUCountMismatch", "PortConflict"]);
+        let prev = Previous::parse(s.annotations[keys::REPORT].as_ref().unwrap()).unwrap();
+        let mut restarted = State::default();
+        restarted.seed(&prev);
+        let s = step(&mut restarted, &gpus(3), Some(&e), &conflict(), &[]);
+        assert!(s.events.is_empty(), "{:?}", s.events);
+        // What changed while it was down is still news.
+        let s = step(&mut restarted, &gpus(2), Some(&e), &conflict(), &[]);
+        assert_eq!(reasons(&s), ["GPUCountMismatch"]);
+        assert_eq!(Previous::parse("not json"), None);
+    }
+
+    #[test]
+    fn an_unknown_gpu_count_is_said_so_and_is_no_problem() {
+        let none = GpuInfo {
+            devices: vec![],
+            driver: None,
+            nvml: Err(Unavailable::LibraryNotFound {
+                lib: "libnvidia-ml.so.1".into(),
+                why: "not found".into(),
+            }),
+        };
+        let e = limit(4);
+        let mut st = State::default();
+        let s = st.step(Observed {
+            gpu_unknown: Some("no observations"),
+            ..observed_exec(&none, Some(&e))
+        });
+        assert_eq!(s.report.health, Health::Ok);
+        assert_eq!(s.report.gpu.status, GpuStatus::Unknown);
+        assert_eq!(s.report.gpu.unknown.as_deref(), Some("no observations"));
+        assert_eq!(s.annotations[keys::GPU_COUNT], Some("unknown".into()));
+        assert!(s.events.is_empty());
+    }
+
+    fn observed_exec<'a>(g: &'a GpuInfo, e: Option<&'a Expected>) -> Observed<'a> {
+        static NONE: BTreeMap<u16, PortState> = BTreeMap::new();
+        static BY: BTreeMap<String, u64> = BTreeMap::new();
+        Observed {
+            mode: "sidecar",
+            container: "trainer",
+            since: "2026-11-21T10:00:00Z",
+            gpu: g,
+            expected: e,
+            ports: &NONE,
+            oom_total: 0,
+            oom_by_container: &BY,
+            oom_recent: &[],
+            oom_sources: vec![],
+            errors: BTreeMap::new(),
+            gpus_seen: 0,
+            gpu_lost: None,
+            xids: &NO_XIDS,
+            gpu_unknown: None,
+            exec: None,
+        }
     }
 }

@@ -1,0 +1,323 @@
+//! The engine's two ends of the observation handover ([`crate::report::handover`]):
+//! `exec --observations` writes what it observes instead of publishing it; the sidecar
+//! reads it, announces what is new, and merges it into the one report of the pod.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{info, warn};
+
+use super::Engine;
+use super::state::{ExecMark, PortEntry, Previous};
+use crate::metrics::{ReasonLabel, XidLabel};
+use crate::publish::keys;
+use crate::report::handover::file::{self, Version, Watch};
+use crate::report::handover::{
+    self, GpuObservation, KillObservation, Observation, Published, VERSION, XidCountObservation,
+};
+
+/// At most this many `GPUXidError` Events for one XID from one version: a counter
+/// that jumps by thousands is counted in full, not announced thousands of times.
+const XID_EVENTS_PER_VERSION: u64 = 8;
+
+/// exec's end: where it writes, and which run of exec it is.
+pub(super) struct Outgoing {
+    pub dir: PathBuf,
+    pub epoch: String,
+    failed: bool,
+}
+
+impl Outgoing {
+    pub fn new(dir: PathBuf, started: SystemTime) -> Outgoing {
+        let ms = started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        Outgoing {
+            dir,
+            epoch: format!("{}-{ms}", std::process::id()),
+            failed: false,
+        }
+    }
+}
+
+/// The sidecar's end.
+pub(super) struct Inbox {
+    pub dir: PathBuf,
+    watch: Option<Watch>,
+    /// The last version accepted.
+    pub last: Option<Version>,
+    published: Published,
+    /// Kills published before the sidecar restarted: recorded again, silently, from
+    /// the first version of the same epoch.
+    seed_kills: Option<(String, u64)>,
+    /// The last rejection logged, so a bad file is logged once, not every interval.
+    rejected: Option<String>,
+}
+
+impl Inbox {
+    pub fn new(dir: PathBuf) -> Inbox {
+        Inbox {
+            dir,
+            watch: None,
+            last: None,
+            published: Published::default(),
+            seed_kills: None,
+            rejected: None,
+        }
+    }
+
+    /// The latest observation while it is current: CMD's last one, or one no older
+    /// than three of exec's intervals (exec rewrites it every interval).
+    pub fn fresh(&self, now: SystemTime) -> Option<&Observation> {
+        let v = self.last.as_ref()?;
+        let o = &v.observation;
+        let limit = Duration::from_millis(o.interval_ms) * 3 + Duration::from_secs(2);
+        let age = now.duration_since(v.written).unwrap_or_default();
+        (o.exited.is_some() || age <= limit).then_some(o)
+    }
+
+    /// Why the sidecar cannot tell the training container's GPU count.
+    pub fn why_unknown(&self, own_nvml: &str, now: SystemTime) -> String {
+        match &self.last {
+            None => format!(
+                "no observations from trainlet exec in {} yet, and this sidecar has no GPU of its own (NVML: {own_nvml})",
+                self.dir.display()
+            ),
+            Some(v) => format!(
+                "trainlet exec's last observation is {}s old (it rewrites it every {}s): the training container's trainlet exec is gone",
+                now.duration_since(v.written).unwrap_or_default().as_secs(),
+                v.observation.interval_ms / 1000
+            ),
+        }
+    }
+}
+
+impl Engine {
+    /// exec: everything it observed, as of now.
+    pub(super) fn observation(&self, exited: Option<i32>) -> Option<Observation> {
+        let out = self.outgoing.as_ref()?;
+        let ledger = &self.oom.ledger;
+        let first = ledger.total + 1 - ledger.kills.len() as u64;
+        let mut errors = self.oom.errors.clone();
+        if let Some(e) = &self.listeners.error {
+            errors.insert("ports".into(), e.clone());
+        }
+        Some(Observation {
+            version: VERSION,
+            epoch: out.epoch.clone(),
+            interval_ms: self.cfg.interval.as_millis() as u64,
+            exited,
+            gpu: GpuObservation {
+                unavailable: self.gpu.nvml.clone().err(),
+                driver: self.gpu.driver.clone(),
+                devices: self.gpu.devices.clone(),
+                seen: self.gpus_seen,
+                lost: self.gpu_lost.clone(),
+            },
+            xids: self
+                .xids
+                .counts
+                .iter()
+                .map(|(e, n)| XidCountObservation {
+                    error: e.clone(),
+                    count: *n,
+                })
+                .collect(),
+            ports: self
+                .listeners
+                .states
+                .iter()
+                .map(|(p, s)| PortEntry {
+                    port: *p,
+                    state: s.clone(),
+                })
+                .collect(),
+            kills: ledger
+                .kills
+                .iter()
+                .enumerate()
+                .map(|(i, k)| KillObservation::from_kill(first + i as u64, k))
+                .collect(),
+            errors,
+        })
+    }
+
+    /// exec: writes the current observation for the sidecar.
+    pub(super) fn hand_over(&mut self, exited: Option<i32>) {
+        let Some(o) = self.observation(exited) else {
+            return;
+        };
+        let out = self.outgoing.as_mut().expect("observation() checked it");
+        match file::write(&out.dir, &o) {
+            Ok(()) => out.failed = false,
+            Err(e) if !out.failed => {
+                warn!("the sidecar cannot see this container's observations: {e}");
+                out.failed = true;
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Sidecar: starts from what the pod already carries, so that a restarted sidecar
+    /// announces nothing twice (see [`super::state::State::seed`]).
+    pub(super) fn seed_from(&mut self, pod: &Pod) {
+        let Some(prev) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::REPORT))
+            .and_then(|r| Previous::parse(r))
+        else {
+            return;
+        };
+        self.state.seed(&prev);
+        if self.xids.counts.is_empty() {
+            for x in &prev.gpu.xid_errors {
+                self.xids.counts.insert(x.error.clone(), x.count);
+                self.metrics
+                    .gpu_xid_errors
+                    .get_or_create(&xid_label(&x.error))
+                    .inc_by(x.count);
+            }
+        }
+        if let (Some(inbox), Some(mark)) = (self.inbox.as_mut(), prev.exec) {
+            inbox.published = Published {
+                epoch: mark.epoch.clone(),
+                kills: mark.kills,
+                xids: prev
+                    .gpu
+                    .xid_errors
+                    .iter()
+                    .map(|x| (x.error.clone(), x.count))
+                    .collect(),
+            };
+            info!(
+                epoch = %mark.epoch,
+                kills = mark.kills,
+                "resuming from the report on the pod: what it announced is not announced again"
+            );
+            inbox.seed_kills = Some((mark.epoch, mark.kills));
+        }
+    }
+
+    /// Sidecar: reads the observation file; announces what a new version adds.
+    /// Returns whether anything changed.
+    pub(super) fn read_observations(&mut self) -> bool {
+        let Some(inbox) = self.inbox.as_mut() else {
+            return false;
+        };
+        let version = match file::read(&inbox.dir) {
+            Ok(None) => return false,
+            Ok(Some(v)) => v,
+            Err(rejected) => {
+                self.metrics
+                    .observations_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: rejected.reason().into(),
+                    })
+                    .inc();
+                let why = rejected.to_string();
+                if inbox.rejected.as_ref() != Some(&why) {
+                    warn!(
+                        "rejected an observation from the training container: {why}; keeping the last good one"
+                    );
+                    inbox.rejected = Some(why);
+                }
+                return false;
+            }
+        };
+        inbox.rejected = None;
+        if inbox
+            .last
+            .as_ref()
+            .is_some_and(|l| l.observation == version.observation)
+        {
+            inbox.last = Some(version);
+            return false;
+        }
+        self.metrics.observations.inc();
+        let o = version.observation.clone();
+        if inbox.last.is_none() {
+            info!(epoch = %o.epoch, dir = %inbox.dir.display(), "reading trainlet exec's observations");
+        }
+        inbox.last = Some(version);
+        let container = self.container_name();
+        let now = SystemTime::now();
+        let inbox = self.inbox.as_mut().expect("checked above");
+        if let Some((epoch, upto)) = inbox.seed_kills.take()
+            && epoch == o.epoch
+        {
+            for k in o.kills.iter().filter(|k| k.seq <= upto) {
+                self.oom.ledger.record_cgroup(k.to_kill(&container), now);
+            }
+        }
+        let news = handover::news(&mut inbox.published, &o);
+        for k in &news.kills {
+            let kill = k.to_kill(&container);
+            self.oom.ledger.record_cgroup(kill.clone(), now);
+            self.announce_kill(&kill);
+        }
+        for (e, n) in news.xids {
+            self.xids.counts.entry(e.clone()).or_insert(0);
+            *self.xids.counts.get_mut(&e).expect("inserted") += n;
+            self.metrics
+                .gpu_xid_errors
+                .get_or_create(&xid_label(&e))
+                .inc_by(n);
+            for _ in 0..n.min(XID_EVENTS_PER_VERSION) {
+                warn!("{}", e.message());
+                self.outbox.push(("GPUXidError", e.message()), true);
+            }
+        }
+        true
+    }
+
+    /// Sidecar: what the report says about the observations it publishes.
+    pub(super) fn exec_mark(&self) -> Option<ExecMark> {
+        let inbox = self.inbox.as_ref()?;
+        inbox.last.as_ref()?;
+        Some(ExecMark {
+            epoch: inbox.published.epoch.clone(),
+            kills: inbox.published.kills,
+        })
+    }
+
+    /// Sidecar: watches the directory, so a new version is read at once.
+    pub(super) fn watch_observations(&mut self) {
+        if let Some(inbox) = self.inbox.as_mut() {
+            match Watch::new(&inbox.dir) {
+                Ok(w) => inbox.watch = Some(w),
+                Err(e) => warn!(
+                    "{e}; reading {} every --interval instead",
+                    file::path(&inbox.dir).display()
+                ),
+            }
+        }
+    }
+}
+
+pub(super) fn xid_label(e: &crate::report::xid::XidError) -> XidLabel {
+    XidLabel {
+        gpu: e.gpu.to_string(),
+        uuid: e.uuid.clone(),
+        xid: e.xid.to_string(),
+    }
+}
+
+/// The next new version in the directory, or never without a watch.
+pub(super) async fn next_version(inbox: &mut Option<Inbox>) -> Option<()> {
+    match inbox.as_mut().and_then(|i| i.watch.as_mut()) {
+        Some(w) => match w.wait().await {
+            Ok(()) => Some(()),
+            Err(e) => {
+                warn!("watching the observations: {e}; reading them every --interval instead");
+                if let Some(i) = inbox.as_mut() {
+                    i.watch = None;
+                }
+                Some(())
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
