@@ -202,7 +202,7 @@ pub async fn run(
     if cfg.cluster.task_override.is_none() {
         resolver.check_own_pod(&own.metadata)?;
     }
-    let publisher = Publisher::new(client.clone(), &own);
+    let publisher = Publisher::new(client.clone(), &own, "trainlet-init");
     let scope = Scope::of(&cfg.cluster.namespaces, &id.namespace);
     let role = match (&scope, &cfg.cluster.task_override) {
         // The resolver's selector is namespaced, and an explicit task is the user's.

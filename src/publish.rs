@@ -48,10 +48,13 @@ pub struct Publisher {
     pod_name: String,
     namespace: String,
     reference: ObjectReference,
+    manager: &'static str,
 }
 
 impl Publisher {
-    pub fn new(client: Client, pod: &Pod) -> Self {
+    /// `manager` is the field manager of the patches (`trainlet-sidecar`, …): the pod's
+    /// managedFields then record which of trainlet's agents wrote which annotation.
+    pub fn new(client: Client, pod: &Pod, manager: &'static str) -> Self {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         Publisher {
@@ -60,6 +63,7 @@ impl Publisher {
             reference: pod.object_ref(&()),
             pod_name,
             namespace,
+            manager,
         }
     }
 
@@ -75,7 +79,10 @@ impl Publisher {
         self.api
             .patch(
                 &self.pod_name,
-                &PatchParams::default(),
+                &PatchParams {
+                    field_manager: Some(self.manager.into()),
+                    ..PatchParams::default()
+                },
                 &Patch::Merge(&patch),
             )
             .await

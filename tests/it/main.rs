@@ -42,6 +42,7 @@ mod init_faults;
 mod inject;
 mod packaging;
 mod report_gpu;
+mod report_handover;
 mod report_lifecycle;
 mod report_oom;
 mod report_ports;

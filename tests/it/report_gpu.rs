@@ -154,9 +154,25 @@ async fn four_gpus_with_a_limit_of_eight_is_a_mismatch() {
     assert_eq!(r.terminate().0, 0);
 }
 
+/// exec in the training container, reporting on its own (no sidecar): NVML missing
+/// where a GPU is expected is its own view, so it is GPUUnavailable. (A sidecar
+/// without GPUs says `unknown` instead: report_handover.rs.)
 #[tokio::test]
-async fn no_nvml_with_a_limit_of_one_is_unavailable() {
-    let (client, ns, mut r, _dir) = sidecar_with_gpus(1, "/nonexistent/libnvidia-ml.so.1").await;
+async fn exec_without_nvml_and_a_limit_of_one_is_unavailable() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "gpu", dir.path()).await;
+    pod("train-0").gpus(1).create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    write_tf_config(dir.path(), free_port());
+    let lib = "/nonexistent/libnvidia-ml.so.1";
+    let mut r = Reporter::start(exec_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        dir.path(),
+        &["--nvml-lib", lib, "--", "sleep", "60"],
+    ));
     let note = wait_warning(&client, &ns, "GPUUnavailable").await;
     assert_eq!(
         note,
@@ -166,7 +182,7 @@ async fn no_nvml_with_a_limit_of_one_is_unavailable() {
     let a = annotations(&client, &ns, "train-0").await;
     assert_eq!(a["trainlet.io/gpu-count"], "0");
     assert!(!a.contains_key("trainlet.io/gpu-product"));
-    assert_eq!(r.terminate().0, 0);
+    assert_eq!(r.terminate().0, 143);
 }
 
 /// A steady pod costs exactly one patch: the first. Probes run every 100 ms and the

@@ -69,8 +69,12 @@ impl Engine {
             self.seeded = true;
         }
         if let Some(link) = &self.link {
+            let manager = match self.cfg.mode {
+                Mode::Sidecar => "trainlet-sidecar",
+                Mode::Exec => "trainlet-exec",
+            };
             self.outbox
-                .attach(|| Publisher::new(link.client.clone(), &pod), &pod);
+                .attach(|| Publisher::new(link.client.clone(), &pod, manager), &pod);
         }
         self.view.pod = Some(pod);
         if self.training().is_none() && !self.warned_no_container {

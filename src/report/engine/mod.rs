@@ -527,8 +527,12 @@ pub async fn exec(
     } else if let Err(e) = engine.connect().await {
         warn!("reporting to the pod is off: {e}");
     }
-    // The name may have changed now that the pod is known.
-    let name = engine.container_name();
+    // The name may have changed now that the pod is known. Handing over, exec knows
+    // no pod: its own kills name no container (the sidecar names it).
+    let name = match (&engine.outgoing, &engine.cfg.container) {
+        (Some(_), None) => String::new(),
+        _ => engine.container_name(),
+    };
     engine.oom.name_own(name);
     engine.reap();
     engine.watch_gpu_events();

@@ -237,7 +237,7 @@ mod tests {
         // A client that is never used: the outbox's decisions make no request.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
-        Publisher::new(client, pod)
+        Publisher::new(client, pod, "trainlet-sidecar")
     }
 
     fn want(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {

@@ -43,10 +43,15 @@ pub struct OomKill {
 impl OomKill {
     /// The Event message: what was killed, where, and the limit it hit.
     pub fn message(&self) -> String {
+        // exec handing over to the sidecar knows no pod, so no container name.
+        let within = match self.container.as_str() {
+            "" => String::new(),
+            c => format!(" in container {c}"),
+        };
         let what = match (&self.process, self.source) {
             (Some(p), _) => format!(
-                "process {} (pid {}) in container {} was OOM-killed",
-                p.comm, p.pid, self.container
+                "process {} (pid {}){within} was OOM-killed",
+                p.comm, p.pid
             ),
             (None, "pod-status") => format!(
                 "container {} was OOM-killed (exit code {}){}",
@@ -61,7 +66,7 @@ impl OomKill {
                 "the processes of container {} were OOM-killed as a group",
                 self.container
             ),
-            (None, _) => format!("a process in container {} was OOM-killed", self.container),
+            (None, _) => format!("a process{within} was OOM-killed"),
         };
         match &self.memory_limit {
             Some(l) => format!("{what}; memory limit {l}"),
