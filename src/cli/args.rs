@@ -266,7 +266,7 @@ pub struct ReportArgs {
 
     /// The observation handover: a directory on a volume shared by the training
     /// container (writable) and the trainlet sidecar (read-only); `inject --wrap` mounts
-    /// one at /run/trainlet. `exec --report` writes what only it sees there (its GPUs,
+    /// one at /run/trainlet-observed. `exec --report` writes what only it sees there (its GPUs,
     /// CMD's ports and OOM kills) instead of publishing it, so the training container
     /// needs no API credentials; the sidecar reads it and is the pod's only reporter.
     #[arg(long, env = "TRAINLET_OBSERVATIONS", value_name = "DIR")]

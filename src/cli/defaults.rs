@@ -21,7 +21,7 @@ pub const RPC_LAYER: &str = "grpc";
 /// The shared volume's mount path, where the files go.
 pub const OUTPUT_DIR: &str = "/etc/trainlet";
 /// Where `inject` mounts the observation handover volume (`--observations`).
-pub const OBSERVATIONS_DIR: &str = "/run/trainlet";
+pub const OBSERVATIONS_DIR: &str = "/run/trainlet-observed";
 /// How long `init` waits for its peers.
 pub const TIMEOUT: &str = "10m";
 /// Processes per pod: the GPU limit, else 1.

@@ -280,7 +280,8 @@ fn wrap_keeps_args_and_puts_the_command_after_the_separator() {
             "POD_NAME",
             "POD_NAMESPACE",
             "POD_UID",
-            "TRAINLET_METRICS_ADDR"
+            "TRAINLET_METRICS_ADDR",
+            "TRAINLET_OBSERVATIONS"
         ]
     );
 }
@@ -655,7 +656,10 @@ fn rewrapping_with_another_install_dir_replaces_the_wrapper() {
     );
     assert_eq!(
         pod_spec(&d[1])["initContainers"][0]["volumeMounts"],
-        serde_json::json!([{"name": "trainlet", "mountPath": "/run/trainlet"}])
+        serde_json::json!([
+            {"name": "trainlet", "mountPath": "/run/trainlet"},
+            {"name": "trainlet-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}
+        ])
     );
     assert_eq!(moved.yaml, inject(MIXED, &b).unwrap().yaml);
     // And back to the default: no stale TRAINLET_OUTPUT_DIR.
@@ -757,4 +761,95 @@ mod properties {
             prop_assert_eq!(twice.yaml, out.yaml);
         }
     }
+}
+
+/// No container of the training job can read an API token: every shipped example and
+/// every inject output turns automounting off and mounts the projected token only into
+/// trainlet-init and the trainlet sidecar.
+#[test]
+fn no_token_reaches_the_training_containers() {
+    use crate::inject::transform::{TOKEN_PATH, TOKEN_VOLUME};
+    let examples = [
+        include_str!("../../manifests/examples/pytorch-torchrun.yaml"),
+        include_str!("../../manifests/examples/jax.yaml"),
+        include_str!("../../manifests/examples/mpi-hostfile.yaml"),
+        include_str!("../../manifests/examples/jobset-pytorch.yaml"),
+        include_str!("../../manifests/examples/tf-ps-worker.yaml"),
+        include_str!("../../manifests/examples/tf-statefulset.yaml"),
+        include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
+    ];
+    let injected = [
+        inject(
+            MIXED,
+            &config(&["--job", "worker=app=trainer", "--wrap", "train"]),
+        )
+        .unwrap(),
+        inject(
+            MIXED,
+            &config(&["--job", "worker=app=trainer", "--classic-sidecar"]),
+        )
+        .unwrap(),
+    ];
+    let mut templates = 0;
+    for src in examples
+        .iter()
+        .copied()
+        .chain(injected.iter().map(|o| o.yaml.as_str()))
+    {
+        for doc in docs(src) {
+            let specs: Vec<&serde_json::Value> = if doc["kind"] == "JobSet" {
+                doc["spec"]["replicatedJobs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| &r["template"]["spec"]["template"]["spec"])
+                    .collect()
+            } else if matches!(
+                doc["kind"].as_str(),
+                Some("Job" | "StatefulSet" | "Pod" | "Deployment" | "CronJob")
+            ) {
+                vec![pod_spec(&doc)]
+            } else {
+                continue;
+            };
+            for spec in specs {
+                if spec["initContainers"].is_null() {
+                    continue; // not injected (the fixture's non-workload kinds)
+                }
+                templates += 1;
+                assert_eq!(spec["automountServiceAccountToken"], false, "{spec}");
+                for key in ["initContainers", "containers"] {
+                    for c in spec[key].as_array().into_iter().flatten() {
+                        let name = c["name"].as_str().unwrap();
+                        let token: Vec<&serde_json::Value> = c["volumeMounts"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|m| {
+                                m["name"] == TOKEN_VOLUME
+                                    || m["mountPath"]
+                                        .as_str()
+                                        .is_some_and(|p| p.contains("serviceaccount"))
+                            })
+                            .collect();
+                        if matches!(name, "trainlet" | "trainlet-init") {
+                            assert_eq!(
+                                token,
+                                [
+                                    &serde_json::json!({"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": true})
+                                ],
+                                "{name}"
+                            );
+                        } else {
+                            assert!(
+                                token.is_empty(),
+                                "container {name} mounts a token: {token:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(templates >= 10, "{templates} pod templates checked");
 }

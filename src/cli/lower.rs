@@ -427,6 +427,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             .collect(),
         metrics_port: defaults::METRICS_PORT,
         output_dir,
+        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
         install_to,
         classic_sidecar: a.classic_sidecar,
         wrap: a.wrap.clone(),

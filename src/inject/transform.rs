@@ -10,6 +10,17 @@ use super::yaml::{self, Chunk, Node};
 pub const INIT_CONTAINER: &str = "trainlet-init";
 pub const SIDECAR: &str = "trainlet";
 pub const VOLUME: &str = "trainlet";
+/// The observation handover (`--observations`): written by the wrapped container's
+/// `trainlet exec`, read by the sidecar. Separate from [`VOLUME`], which the training
+/// container only reads.
+pub const OBSERVED_VOLUME: &str = "trainlet-observed";
+/// The projected ServiceAccount token, mounted only into trainlet's own containers.
+pub const TOKEN_VOLUME: &str = "trainlet-token";
+/// Where the token goes: the in-cluster path every Kubernetes client reads.
+pub const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The kubelet's own choice for the automounted token: an hour, plus 7 s so that a
+/// client can tell it from a token requested for exactly an hour.
+const TOKEN_SECONDS: i64 = 3607;
 /// Where the image puts the binary (docker/Dockerfile).
 pub const BINARY: &str = "/usr/local/bin/trainlet";
 /// The UID of distroless `nonroot`, which the image runs as.
@@ -26,6 +37,8 @@ pub struct InjectConfig {
     pub sidecar_args: Vec<String>,
     /// Mount path of the shared emptyDir (init's --output-dir).
     pub output_dir: String,
+    /// Mount path of the observation handover volume (`--observations`).
+    pub observations_dir: String,
     /// Where init copies the binary (its --install-to), inside `output_dir`.
     pub install_to: String,
     /// A regular container with `--exit-with-main` instead of a native sidecar.
@@ -411,21 +424,25 @@ impl Ctx<'_> {
                 ),
             ),
         }
-        if spec
-            .get("automountServiceAccountToken")
-            .and_then(Node::as_str)
-            == Some("false")
-        {
-            self.note(
-                what.to_string(),
-                "sets automountServiceAccountToken: false, so trainlet cannot reach the API server; remove it",
-            );
-        }
+        // No token in the training container: its code (and every package it installs)
+        // could use it to patch any pod of the namespace. trainlet's own containers get
+        // a projected one instead (TOKEN_VOLUME).
+        insert_before(
+            spec,
+            "automountServiceAccountToken",
+            "initContainers",
+            Node::Scalar(plain("false")),
+        );
+        spec.set("automountServiceAccountToken", Node::Scalar(plain("false")));
 
         let volumes = spec
             .seq_entry("volumes")
             .ok_or_else(|| self.shape(what, "spec.volumes is not a list"))?;
         upsert_named(volumes, volume(), VOLUME, None);
+        if cfg.wrap.is_some() {
+            upsert_named(volumes, observed_volume(), OBSERVED_VOLUME, None);
+        }
+        upsert_named(volumes, token_volume(), TOKEN_VOLUME, None);
 
         // Regular containers: drop a classic sidecar from an earlier inject, mount the
         // volume read-only into the others, and wrap the one named by --wrap.
@@ -447,6 +464,12 @@ impl Ctx<'_> {
             })?;
             upsert_named(mounts, mount(&cfg.output_dir, true), VOLUME, None);
             if cfg.wrap.as_deref() == Some(name.as_str()) {
+                upsert_named(
+                    mounts,
+                    mount_of(OBSERVED_VOLUME, &cfg.observations_dir, false),
+                    OBSERVED_VOLUME,
+                    None,
+                );
                 self.wrap(c, what, &name)?;
                 *self.wrapped += 1;
             }
@@ -527,7 +550,7 @@ impl Ctx<'_> {
         env.retain(|e| {
             !matches!(
                 name_of(e),
-                Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR")
+                Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR" | "TRAINLET_OBSERVATIONS")
             )
         });
         for (name, value) in &cfg.wrap_env {
@@ -536,6 +559,11 @@ impl Ctx<'_> {
                 ("value", Node::str(value)),
             ]));
         }
+        // exec hands its observations to the sidecar instead of publishing them.
+        env.push(Node::map([
+            ("name", Node::str("TRAINLET_OBSERVATIONS")),
+            ("value", Node::str(&cfg.observations_dir)),
+        ]));
         Ok(())
     }
 }
@@ -576,8 +604,79 @@ fn volume() -> Node {
     ])
 }
 
+/// The handover: a few KiB in memory.
+fn observed_volume() -> Node {
+    Node::map([
+        ("name", Node::str(OBSERVED_VOLUME)),
+        (
+            "emptyDir",
+            Node::map([
+                ("medium", Node::str("Memory")),
+                ("sizeLimit", Node::str("1Mi")),
+            ]),
+        ),
+    ])
+}
+
+/// What the kubelet's automount gives a pod (token, CA, namespace), as a volume that
+/// only trainlet's containers mount. The kubelet rotates the token; kube's client
+/// re-reads the file every minute.
+fn token_volume() -> Node {
+    Node::map([
+        ("name", Node::str(TOKEN_VOLUME)),
+        (
+            "projected",
+            Node::map([
+                ("defaultMode", Node::int(0o444)),
+                (
+                    "sources",
+                    Node::seq([
+                        Node::map([(
+                            "serviceAccountToken",
+                            Node::map([
+                                ("path", Node::str("token")),
+                                ("expirationSeconds", Node::int(TOKEN_SECONDS)),
+                            ]),
+                        )]),
+                        Node::map([(
+                            "configMap",
+                            Node::map([
+                                ("name", Node::str("kube-root-ca.crt")),
+                                (
+                                    "items",
+                                    Node::seq([Node::map([
+                                        ("key", Node::str("ca.crt")),
+                                        ("path", Node::str("ca.crt")),
+                                    ])]),
+                                ),
+                            ]),
+                        )]),
+                        Node::map([(
+                            "downwardAPI",
+                            Node::map([(
+                                "items",
+                                Node::seq([Node::map([
+                                    ("path", Node::str("namespace")),
+                                    (
+                                        "fieldRef",
+                                        Node::map([("fieldPath", Node::str("metadata.namespace"))]),
+                                    ),
+                                ])]),
+                            )]),
+                        )]),
+                    ]),
+                ),
+            ]),
+        ),
+    ])
+}
+
 fn mount(path: &str, read_only: bool) -> Node {
-    let mut m = Node::map([("name", Node::str(VOLUME)), ("mountPath", Node::str(path))]);
+    mount_of(VOLUME, path, read_only)
+}
+
+fn mount_of(volume: &str, path: &str, read_only: bool) -> Node {
+    let mut m = Node::map([("name", Node::str(volume)), ("mountPath", Node::str(path))]);
     if read_only {
         m.set("readOnly", Node::Scalar(plain("true")));
     }
@@ -658,10 +757,12 @@ fn trainlet_container(cfg: &InjectConfig, name: &str, sub: &str, args: &[String]
     c.set("env", Node::Seq(downward_env()));
     c.set("resources", resources());
     c.set("securityContext", security_context());
-    c.set(
-        "volumeMounts",
-        Node::seq([mount(&cfg.output_dir, sub != "init")]),
-    );
+    let mut mounts = vec![mount(&cfg.output_dir, sub != "init")];
+    if sub == "sidecar" && cfg.wrap.is_some() {
+        mounts.push(mount_of(OBSERVED_VOLUME, &cfg.observations_dir, true));
+    }
+    mounts.push(mount_of(TOKEN_VOLUME, TOKEN_PATH, true));
+    c.set("volumeMounts", Node::Seq(mounts));
     c
 }
 
@@ -675,6 +776,10 @@ pub const METRICS_PORT_NAME: &str = "trainlet";
 
 fn sidecar(cfg: &InjectConfig) -> Node {
     let mut args = cfg.sidecar_args.clone();
+    if cfg.wrap.is_some() {
+        // One reporter per pod: the sidecar publishes what the wrapped exec observes.
+        args.push(format!("--observations={}", cfg.observations_dir));
+    }
     if cfg.classic_sidecar {
         args.push("--exit-with-main".into());
     }

@@ -795,3 +795,97 @@ fn the_rootfs_tarball_runs_the_binary_as_nonroot() {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+/// The training container holds no API token, as the real API server admits the pod:
+/// its ServiceAccount admission adds the automounted token only where automount is
+/// on. A check that can fail: the same pod before inject gets a token in every
+/// container.
+#[tokio::test]
+async fn an_injected_pod_has_a_token_only_in_trainlets_containers() {
+    const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let client = admin().await;
+    let ns = namespace(&client, "notoken").await;
+    apply_rbac(&ns);
+    let plain = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  serviceAccountName: trainlet\n  containers:\n    - {name: train, image: registry.example/train:1, command: [python, train.py]}\n";
+    let admitted = |yaml: &str| -> Value {
+        let r = kubectl_full(
+            &[
+                "create",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-n",
+                &ns,
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        );
+        assert!(r.ok, "{}", r.stderr);
+        serde_json::from_str(&r.stdout).unwrap()
+    };
+    let token_mounts = |pod: &Value, containers: &str| -> BTreeMap<String, Vec<String>> {
+        pod["spec"][containers]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let vols = c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|m| {
+                        m["mountPath"]
+                            .as_str()
+                            .is_some_and(|p| p.starts_with(TOKEN_PATH))
+                    })
+                    .map(|m| m["name"].as_str().unwrap().to_string())
+                    .collect();
+                (c["name"].as_str().unwrap().to_string(), vols)
+            })
+            .collect()
+    };
+    let before = admitted(plain);
+    let mounted = &token_mounts(&before, "containers")["train"];
+    assert_eq!(mounted.len(), 1, "{before}");
+    assert!(mounted[0].starts_with("kube-api-access-"), "{mounted:?}");
+
+    let r = run(trainlet()
+        .args(["inject", "--job", "worker=app=x", "--wrap", "train"])
+        .stdin(Stdio::piped())
+        .arg("-f")
+        .arg(write_temp(plain)));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let after = admitted(&r.stdout);
+    assert_eq!(after["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(
+        token_mounts(&after, "containers"),
+        BTreeMap::from([("train".to_string(), vec![])]),
+        "{after}"
+    );
+    assert_eq!(
+        token_mounts(&after, "initContainers"),
+        BTreeMap::from([
+            (
+                "trainlet-init".to_string(),
+                vec!["trainlet-token".to_string()]
+            ),
+            ("trainlet".to_string(), vec!["trainlet-token".to_string()]),
+        ])
+    );
+    let volumes: Vec<&str> = after["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(volumes, ["trainlet", "trainlet-observed", "trainlet-token"]);
+}
+
+/// A temporary file holding `text`, kept for the rest of the test run.
+fn write_temp(text: &str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let p = dir.join("in.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}

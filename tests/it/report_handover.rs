@@ -232,8 +232,18 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
     let mut samples = 0;
     while start.elapsed() < Duration::from_secs(60) {
         let a = annotations(&client, &ns, "train-0").await;
-        assert_eq!(a["trainlet.io/gpu-count"], "4", "after {:?}: {a:#?}", start.elapsed());
-        assert_eq!(a["trainlet.io/health"], "ok", "after {:?}: {a:#?}", start.elapsed());
+        assert_eq!(
+            a["trainlet.io/gpu-count"],
+            "4",
+            "after {:?}: {a:#?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            a["trainlet.io/health"],
+            "ok",
+            "after {:?}: {a:#?}",
+            start.elapsed()
+        );
         assert_eq!(a["trainlet.io/gpu-product"], "Fake GPU");
         let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
         assert_eq!(report["mode"], "sidecar");
@@ -244,7 +254,11 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(samples >= 60, "{samples} samples");
-    assert_eq!(warnings(&client, &ns).await, vec![], "no Warning on a healthy pod");
+    assert_eq!(
+        warnings(&client, &ns).await,
+        vec![],
+        "no Warning on a healthy pod"
+    );
     assert_eq!(
         annotation_writers(&client, &ns, "train-0").await,
         ["trainlet-sidecar"],
@@ -254,10 +268,17 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
     assert_eq!(metric(&text, "trainlet_gpus"), Some(4.0));
     assert_eq!(metric(&text, "trainlet_gpus_expected"), Some(4.0));
     assert_eq!(metric(&text, "trainlet_health"), Some(1.0));
-    assert!(metric(&text, "trainlet_observations_total").unwrap() >= 2.0, "{text}");
-    assert!(!text.contains("trainlet_observations_rejected_total{"), "{text}");
     assert!(
-        exec.stderr().contains("handing observations to the trainlet sidecar"),
+        metric(&text, "trainlet_observations_total").unwrap() >= 2.0,
+        "{text}"
+    );
+    assert!(
+        !text.contains("trainlet_observations_rejected_total{"),
+        "{text}"
+    );
+    assert!(
+        exec.stderr()
+            .contains("handing observations to the trainlet sidecar"),
         "{}",
         exec.stderr()
     );
@@ -295,7 +316,12 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
         ),
         Some(1.0)
     );
-    assert_eq!(metric(&text, "trainlet_api_errors_total"), Some(0.0), "{}", sidecar.stderr());
+    assert_eq!(
+        metric(&text, "trainlet_api_errors_total"),
+        Some(0.0),
+        "{}",
+        sidecar.stderr()
+    );
 }
 
 /// Without exec's observations and without a GPU of its own, the sidecar cannot tell
@@ -352,14 +378,16 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
         let _ = std::fs::remove_file(&file);
         f();
     };
-    let rejected = |reason: &str| format!("trainlet_observations_rejected_total{{reason=\"{reason}\"}}");
+    let rejected =
+        |reason: &str| format!("trainlet_observations_rejected_total{{reason=\"{reason}\"}}");
     let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
-        ("malformed", Box::new(|| std::fs::write(&file, b"\x00\xff{{{").unwrap())),
+        (
+            "malformed",
+            Box::new(|| std::fs::write(&file, b"\x00\xff{{{").unwrap()),
+        ),
         (
             "invalid",
-            Box::new(|| {
-                std::fs::write(&file, good.replace("Fake GPU", "Fake\\u0007GPU")).unwrap()
-            }),
+            Box::new(|| std::fs::write(&file, good.replace("Fake GPU", "Fake\\u0007GPU")).unwrap()),
         ),
         (
             "too-large",
@@ -382,12 +410,23 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
         )
         .await;
     }
-    put(&|| assert!(Command::new("mkfifo").arg(&file).status().unwrap().success()));
+    put(&|| {
+        assert!(
+            Command::new("mkfifo")
+                .arg(&file)
+                .status()
+                .unwrap()
+                .success()
+        )
+    });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(sidecar.alive(), "{}", sidecar.stderr());
     assert_eq!(annotations(&client, &ns, "train-0").await, before);
     let log = sidecar.stderr();
-    assert!(!log.contains("eyJhbGciOi"), "the secret must not reach the log:\n{log}");
+    assert!(
+        !log.contains("eyJhbGciOi"),
+        "the secret must not reach the log:\n{log}"
+    );
     assert!(
         log.contains(&format!(
             "rejected an observation from the training container: {} is larger than 65536 bytes; keeping the last good one",
@@ -427,10 +466,14 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
     // The sidecar is killed and comes back: nothing announced again, the count goes on.
     drop(sidecar);
     let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
-    eventually("the new sidecar's first read", Duration::from_secs(20), || async {
-        let text = sidecar.metrics().await;
-        (metric(&text, "trainlet_observations_total") >= Some(1.0)).then_some(())
-    })
+    eventually(
+        "the new sidecar's first read",
+        Duration::from_secs(20),
+        || async {
+            let text = sidecar.metrics().await;
+            (metric(&text, "trainlet_observations_total") >= Some(1.0)).then_some(())
+        },
+    )
     .await;
     assert_eq!(metric(&sidecar.metrics().await, series), Some(1.0));
     inject_xid(&events, "1 48\n");
@@ -453,7 +496,9 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
         let a = annotations(&client, &ns, "train-0").await;
         let r: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).ok()?;
         let epoch = r["exec"]["epoch"].as_str()?.to_string();
-        epoch.starts_with(&format!("{}-", exec2.pid())).then_some(())
+        epoch
+            .starts_with(&format!("{}-", exec2.pid()))
+            .then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -523,5 +568,8 @@ async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
         vec![("OOMKill".to_string(), note)],
         "one kill, one Event"
     );
-    assert_eq!(annotation_writers(&client, &ns, "train-0").await, ["trainlet-sidecar"]);
+    assert_eq!(
+        annotation_writers(&client, &ns, "train-0").await,
+        ["trainlet-sidecar"]
+    );
 }

@@ -95,10 +95,7 @@ impl Watch {
             let mut buf = [0u8; 4096];
             let hit = guard.try_io(|inner| {
                 let events = inner.get_mut().read_events(&mut buf)?;
-                Ok(events
-                    .filter(|e| e.name.is_some_and(|n| n == FILE))
-                    .count()
-                    > 0)
+                Ok(events.filter(|e| e.name.is_some_and(|n| n == FILE)).count() > 0)
             });
             match hit {
                 Ok(Ok(true)) => return Ok(()),

@@ -160,7 +160,12 @@ pub fn parse(bytes: &[u8], path: &str) -> Result<Observation, Rejected> {
     let obs: Observation = serde_json::from_slice(bytes).map_err(|e| Rejected::Malformed {
         path: path.into(),
         // serde's message names the field and position, never the value.
-        why: format!("{} at line {} column {}", classify(&e), e.line(), e.column()),
+        why: format!(
+            "{} at line {} column {}",
+            classify(&e),
+            e.line(),
+            e.column()
+        ),
     })?;
     validate(&obs).map_err(|why| Rejected::Invalid {
         path: path.into(),

@@ -126,7 +126,10 @@ fn garbage_oversized_and_hostile_observations_are_rejected_with_a_reason() {
         bad(&|o| o.kills[0].time = "yesterday".into()).to_string(),
         "exec.json: a kill's time is not RFC 3339"
     );
-    assert_eq!(bad(&|o| o.ports[0].port = 0).to_string(), "exec.json: port 0");
+    assert_eq!(
+        bad(&|o| o.ports[0].port = 0).to_string(),
+        "exec.json: port 0"
+    );
     assert_eq!(
         bad(&|o| o.interval_ms = 0).to_string(),
         "exec.json: interval_ms is not between 100 and 3600000"
@@ -177,7 +180,13 @@ fn the_reader_takes_the_file_and_refuses_links_fifos_and_giants() {
     std::os::unix::fs::symlink(&target, &f).unwrap();
     assert_eq!(file::read(dir.path()).unwrap_err().reason(), "not-a-file");
     std::fs::remove_file(&f).unwrap();
-    assert!(std::process::Command::new("mkfifo").arg(&f).status().unwrap().success());
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&f)
+            .status()
+            .unwrap()
+            .success()
+    );
     assert_eq!(file::read(dir.path()).unwrap_err().reason(), "not-a-file");
     std::fs::remove_file(&f).unwrap();
     std::fs::write(&f, vec![b'{'; MAX_BYTES + 10]).unwrap();

@@ -49,10 +49,7 @@ impl OomKill {
             c => format!(" in container {c}"),
         };
         let what = match (&self.process, self.source) {
-            (Some(p), _) => format!(
-                "process {} (pid {}){within} was OOM-killed",
-                p.comm, p.pid
-            ),
+            (Some(p), _) => format!("process {} (pid {}){within} was OOM-killed", p.comm, p.pid),
             (None, "pod-status") => format!(
                 "container {} was OOM-killed (exit code {}){}",
                 self.container,

@@ -22,7 +22,9 @@ pub enum Notifier {
 
 /// Registers a file descriptor with tokio's reactor.
 #[allow(unsafe_code)]
-pub(crate) fn register<T: std::os::fd::AsRawFd>(inner: T) -> Result<tokio::io::unix::AsyncFd<T>, String> {
+pub(crate) fn register<T: std::os::fd::AsRawFd>(
+    inner: T,
+) -> Result<tokio::io::unix::AsyncFd<T>, String> {
     // SAFETY: `inner` (an EventFd or an Inotify) owns its descriptor and closes it only
     // when dropped, which happens after the AsyncFd that holds it deregisters it.
     unsafe { tokio::io::unix::AsyncFd::register(inner) }.map_err(|e| e.to_string())
