@@ -380,7 +380,8 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
     };
     let rejected =
         |reason: &str| format!("trainlet_observations_rejected_total{{reason=\"{reason}\"}}");
-    let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+    type Write<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Write)> = vec![
         (
             "malformed",
             Box::new(|| std::fs::write(&file, b"\x00\xff{{{").unwrap()),
