@@ -34,6 +34,46 @@ impl From<Code> for std::process::ExitCode {
     }
 }
 
+/// Whether a failure may go away on a retry: the split that the Job's podFailurePolicy
+/// (`inject --failure-policy`) and an operator's `ExitCode` restart policy act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The same input fails the same way: fail the Job at once.
+    Permanent,
+    /// Transient (a peer not up yet, the API server away, a signal): retry.
+    Retryable,
+}
+
+/// trainlet-init's codes that are permanent: invalid flags (2), inconsistent peers (5),
+/// an internal failure (1). Its other failures are retryable: peers not ready before
+/// the timeout (3), an API error (4), a port taken on this node (6).
+pub const INIT_PERMANENT: [i32; 3] = [1, 2, 5];
+
+/// The training container's permanent codes, as the operators' `ExitCode` policy has
+/// them (tf-operator's `IsRetryableExitCode`, the seeds): 1 general error, 2 misuse (also
+/// trainlet exec's invalid flags), 126 cannot execute, 127 not found, 128 invalid exit
+/// argument, 139 SIGSEGV. Retryable there: 130 (SIGINT), 137 (SIGKILL, an OOM kill),
+/// 143 (SIGTERM). Current Kubeflow (`pkg/util/train/train_util.go`) retries every code
+/// from 128 up, 128 and 139 included; trainlet keeps the seeds' list, since a segfault
+/// repeats on a retry.
+pub const CMD_PERMANENT: [i32; 6] = [1, 2, 126, 127, 128, 139];
+
+/// The class of an exit code of `trainlet-init` (`init == true`) or of the training
+/// container under `trainlet exec`. Codes in neither list are counted against the
+/// Job's backoffLimit, which is what `Retryable` means for them.
+pub fn classify(code: i32, init: bool) -> Retry {
+    let permanent: &[i32] = if init {
+        &INIT_PERMANENT
+    } else {
+        &CMD_PERMANENT
+    };
+    if permanent.contains(&code) {
+        Retry::Permanent
+    } else {
+        Retry::Retryable
+    }
+}
+
 /// How the process ends: with one of trainlet's codes, or (`exec --report`) with the
 /// status of the command it ran, which trainlet passes on as a shell would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,3 +128,25 @@ impl fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_split_as_the_operators_exit_code_policy_does() {
+        for c in [1, 2, 126, 127, 128, 139] {
+            assert_eq!(classify(c, false), Retry::Permanent, "{c}");
+        }
+        for c in [130, 137, 143, 3, 42] {
+            assert_eq!(classify(c, false), Retry::Retryable, "{c}");
+        }
+        for c in [Code::Internal, Code::Usage, Code::Inconsistent] {
+            assert_eq!(classify(c as i32, true), Retry::Permanent, "{c:?}");
+        }
+        for c in [Code::NotReady, Code::Api, Code::PortConflict] {
+            assert_eq!(classify(c as i32, true), Retry::Retryable, "{c:?}");
+        }
+        assert_eq!(classify(137, true), Retry::Retryable);
+    }
+}

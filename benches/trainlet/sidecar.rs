@@ -268,6 +268,10 @@ impl Mark {
 const SIDECAR: &str = "trainlet sidecar";
 const EXEC: &str = "trainlet exec --report";
 const EXEC_PIDNS: &str = "trainlet exec --report, own PID namespace";
+/// The shipped layout: the two on one pod, exec without credentials handing its
+/// observations to the sidecar, which has no GPU of its own.
+const HANDOVER_SIDECAR: &str = "trainlet sidecar --observations (shipped layout)";
+const HANDOVER_EXEC: &str = "trainlet exec --report --observations (shipped layout)";
 
 struct Running {
     mode: &'static str,
@@ -281,6 +285,8 @@ struct Running {
     /// The end of the window: the mark, VmHWM, VmRSS.
     end: Option<(Mark, u64, u64)>,
     _dir: Option<tempfile::TempDir>,
+    /// exec handing over: its first report is its first observation file here.
+    observed: Option<PathBuf>,
 }
 
 pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
@@ -352,13 +358,52 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             w.stdin(std::process::Stdio::null());
             cmd = w;
         }
-        procs.push((mode, name, cmd, out));
+        procs.push((mode, name, cmd, out, None));
+    }
+    // The shipped layout, on one pod.
+    {
+        let name = "train-handover".to_string();
+        let port = support::free_port();
+        pod(&name)
+            .gpus(2)
+            .port("tf", i32::from(port))
+            .create(client, &ns)
+            .await;
+        kubelet.run(&name, "10.1.0.9").await;
+        let out = tempfile::tempdir().unwrap();
+        let observed = out.path().join("observed");
+        std::fs::create_dir(&observed).unwrap();
+        rs::write_tf_config(out.path(), port);
+        let mut exec = support::trainlet();
+        exec.args(["exec", "--report", "--output-dir"])
+            .arg(out.path())
+            .arg("--observations")
+            .arg(&observed)
+            .args(["--pod-name", &name, "--pod-namespace", &ns])
+            .args(["--nvml-lib", &nvml, "--", "sleep", "3600"])
+            .env("FAKE_NVML_COUNT", "2");
+        let mut sidecar = support::trainlet();
+        sidecar
+            .args(["sidecar", "--observations"])
+            .arg(&observed)
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["--pod-name", &name, "--pod-namespace", &ns])
+            .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+        procs.push((
+            HANDOVER_EXEC,
+            name.clone(),
+            exec,
+            None,
+            Some(observed.join("exec.json")),
+        ));
+        procs.push((HANDOVER_SIDECAR, name, sidecar, Some(out), None));
     }
 
     let before = scrape(client).await;
     let mut running: Vec<Running> = procs
         .into_iter()
-        .map(|(mode, pod, cmd, out)| Running {
+        .map(|(mode, pod, cmd, out, observed)| Running {
             mode,
             pod,
             spawned: Instant::now(),
@@ -367,6 +412,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             first: None,
             end: None,
             _dir: out,
+            observed,
         })
         .collect();
 
@@ -381,11 +427,19 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
                     Some(p.r.pid())
                 };
             }
+            let reported = match &p.observed {
+                Some(file) => file.exists().then_some(0.0),
+                None => own_patches(&p.r).filter(|n| *n >= 1.0),
+            };
             if let Some(pid) = p.pid
-                && let Some(n) = own_patches(&p.r).filter(|n| *n >= 1.0)
+                && let Some(n) = reported
             {
                 let mark = Mark::now(pid);
-                let events = pod_events(client, &ns, &p.pod).await;
+                let events = if p.observed.is_some() {
+                    0
+                } else {
+                    pod_events(client, &ns, &p.pod).await
+                };
                 p.first = Some((mark, n, events));
             }
         }
@@ -444,7 +498,17 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         let (m0, patches_at_first, events_at_first) = p.first.unwrap();
         let (m1, hwm, rss) = p.end.unwrap();
         let patches_total = own_patches(&p.r).unwrap_or(f64::NAN);
-        let events_total = pod_events(client, &ns, &p.pod).await;
+        // exec handing over publishes nothing; the pod's Events are the sidecar's.
+        let patches_total = if p.observed.is_some() {
+            0.0
+        } else {
+            patches_total
+        };
+        let events_total = if p.observed.is_some() {
+            events_at_first
+        } else {
+            pod_events(client, &ns, &p.pod).await
+        };
         let health = rs::annotations(client, &ns, &p.pod)
             .await
             .get("trainlet.io/health")

@@ -404,6 +404,15 @@ pub struct InjectArgs {
     #[arg(long, env = "TRAINLET_CLASSIC_SIDECAR")]
     pub classic_sidecar: bool,
 
+    /// Give every Job (and every replicated Job of a JobSet) a podFailurePolicy that
+    /// acts on trainlet's exit codes without an operator: fail the Job at once on a
+    /// permanent code (a bad trainlet-init configuration, a command not found, a
+    /// segfault), ignore pods evicted by a disruption (DisruptionTarget), and count the
+    /// rest against backoffLimit. Sets the pod template's restartPolicy to Never, which
+    /// podFailurePolicy requires. See README, "When pods fail".
+    #[arg(long, env = "TRAINLET_FAILURE_POLICY")]
+    pub failure_policy: bool,
+
     /// ServiceAccount for pod templates that set none (or `default`); it must be bound to
     /// trainlet's Role, as manifests/rbac.yaml does for `trainlet`.
     #[arg(

@@ -477,7 +477,7 @@ fn a_template_with_its_own_service_account_keeps_it_with_a_note() {
 /// (comments aside), so the examples and inject can never drift apart.
 #[test]
 fn the_examples_are_inject_output_of_their_originals() {
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 8] = [
         (
             include_str!("../../tests/fixtures/inject/pytorch-torchrun.orig.yaml"),
             include_str!("../../manifests/examples/pytorch-torchrun.yaml"),
@@ -548,6 +548,17 @@ fn the_examples_are_inject_output_of_their_originals() {
                 "dns",
                 "--wrap",
                 "tensorflow",
+            ],
+        ),
+        (
+            include_str!("../../tests/fixtures/inject/failure-policy.orig.yaml"),
+            include_str!("../../manifests/examples/failure-policy-job.yaml"),
+            &[
+                "--job",
+                "worker=batch.kubernetes.io/job-name=mnist",
+                "--wrap",
+                "tensorflow",
+                "--failure-policy",
             ],
         ),
         (
@@ -777,6 +788,7 @@ fn no_token_reaches_the_training_containers() {
         include_str!("../../manifests/examples/tf-ps-worker.yaml"),
         include_str!("../../manifests/examples/tf-statefulset.yaml"),
         include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
+        include_str!("../../manifests/examples/failure-policy-job.yaml"),
     ];
     let injected = [
         inject(
@@ -852,4 +864,63 @@ fn no_token_reaches_the_training_containers() {
         }
     }
     assert!(templates >= 10, "{templates} pod templates checked");
+}
+
+/// `--failure-policy`: the rules come from `crate::exit`'s lists, name the wrapped
+/// container, and turn restartPolicy to Never (with a note); a JobSet's replicated Jobs
+/// get them too; without the flag nothing changes.
+#[test]
+fn failure_policy_adds_the_exit_code_rules_and_restart_policy_never() {
+    let src = include_str!("../../tests/fixtures/inject/failure-policy.orig.yaml");
+    let args = [
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--wrap",
+        "tensorflow",
+    ];
+    let plain = inject(src, &config(&args)).unwrap();
+    assert!(docs(&plain.yaml)[0]["spec"]["podFailurePolicy"].is_null());
+    let mut with = args.to_vec();
+    with.push("--failure-policy");
+    let out = inject(src, &config(&with)).unwrap();
+    let job = &docs(&out.yaml)[0];
+    assert_eq!(
+        job["spec"]["podFailurePolicy"],
+        serde_json::json!({"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainlet-init", "operator": "In", "values": [1, 2, 5]}},
+            {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [1, 2, 126, 127, 128, 139]}}
+        ]})
+    );
+    assert_eq!(pod_spec(job)["restartPolicy"], "Never");
+    assert!(
+        out.notes
+            .iter()
+            .any(|n| n.text.starts_with("restartPolicy OnFailure -> Never")),
+        "{:?}",
+        out.notes
+    );
+    // Again: nothing changes.
+    assert_eq!(inject(&out.yaml, &config(&with)).unwrap().yaml, out.yaml);
+    // A JobSet's replicated Jobs, without --wrap: the first regular container.
+    let js = include_str!("../../tests/fixtures/inject/jobset-pytorch.orig.yaml");
+    let out = inject(
+        js,
+        &config(&[
+            "--job",
+            "worker=jobset.sigs.k8s.io/jobset-name=ddp",
+            "--failure-policy",
+        ]),
+    )
+    .unwrap();
+    let d = docs(&out.yaml);
+    let rjob =
+        d.iter().find(|d| d["kind"] == "JobSet").unwrap()["spec"]["replicatedJobs"][0]["template"]
+            ["spec"]
+            .clone();
+    assert_eq!(
+        rjob["podFailurePolicy"]["rules"][2]["onExitCodes"]["containerName"],
+        rjob["template"]["spec"]["containers"][0]["name"]
+    );
+    assert_eq!(rjob["template"]["spec"]["restartPolicy"], "Never");
 }

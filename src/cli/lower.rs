@@ -430,6 +430,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
         install_to,
         classic_sidecar: a.classic_sidecar,
+        failure_policy: a.failure_policy,
         wrap: a.wrap.clone(),
         service_account: a.service_account.clone(),
     })

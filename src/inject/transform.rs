@@ -52,6 +52,8 @@ pub struct InjectConfig {
     pub wrap_env: Vec<(String, String)>,
     /// The port of the sidecar's `/metrics`, for the Prometheus scrape annotations.
     pub metrics_port: u16,
+    /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
+    pub failure_policy: bool,
 }
 
 /// Something the user should know about one document; printed on stderr.
@@ -313,13 +315,19 @@ impl Ctx<'_> {
         let mut changed = false;
         let mut found = false;
         for rjob in rjobs.iter_mut() {
-            let Some(template) = descend(rjob, &path) else {
+            if descend(rjob, &path).is_none() {
                 continue;
-            };
+            }
             found = true;
-            let before = template.clone();
+            let before = rjob.clone();
+            let template = descend(rjob, &path).expect("found above");
             self.pod_template(template, &what)?;
-            changed |= *template != before;
+            if self.cfg.failure_policy
+                && let Some(job_spec) = descend(rjob, &["template", "spec"])
+            {
+                self.failure_policy(job_spec, &what)?;
+            }
+            changed |= *rjob != before;
         }
         if !found {
             self.note(
@@ -354,6 +362,8 @@ impl Ctx<'_> {
             self.note(what, "no pod template; passed through unchanged");
             return Ok(false);
         };
+        let is_job = (av, kind) == ("batch/v1", "Job");
+        let whole = node.clone();
         let mut template = &mut *node;
         for key in path {
             match template.get_mut(key) {
@@ -367,17 +377,61 @@ impl Ctx<'_> {
                 }
             }
         }
-        let before = template.clone();
         self.pod_template(template, &what)?;
+        if self.cfg.failure_policy
+            && is_job
+            && let Some(job_spec) = descend(node, &["spec"])
+        {
+            self.failure_policy(job_spec, &what)?;
+        }
         self.note(
             what,
-            if *template == before {
+            if *node == whole {
                 "already injected; unchanged"
             } else {
                 "injected"
             },
         );
         Ok(true)
+    }
+
+    /// `--failure-policy`: the Job fails at once on a permanent exit code of
+    /// trainlet-init or of the training container, ignores disruptions, and counts the
+    /// rest against backoffLimit (see `crate::exit::classify`).
+    fn failure_policy(&mut self, job_spec: &mut Node, what: &str) -> Result<(), TransformError> {
+        let Some(pod) = descend(job_spec, &["template", "spec"]) else {
+            return Err(self.shape(what, "spec.template.spec is not a mapping"));
+        };
+        let training = self
+            .cfg
+            .wrap
+            .clone()
+            .or_else(|| match pod.get("containers") {
+                Some(Node::Seq(cs)) => cs
+                    .iter()
+                    .filter_map(name_of)
+                    .find(|n| *n != SIDECAR)
+                    .map(str::to_string),
+                _ => None,
+            });
+        let Some(training) = training else {
+            return Err(self.shape(what, "--failure-policy: the pod template has no container"));
+        };
+        match pod.get("restartPolicy").and_then(Node::as_str) {
+            Some("Never") => {}
+            other => {
+                self.note(
+                    what.to_string(),
+                    format!(
+                        "restartPolicy {} -> Never, which podFailurePolicy requires: a failed pod is replaced by a new pod (with a new IP)",
+                        other.unwrap_or("Always")
+                    ),
+                );
+                pod.set("restartPolicy", Node::str("Never"));
+            }
+        }
+        job_spec.set("podFailurePolicy", pod_failure_policy(&training));
+        Ok(())
     }
 
     /// Adds trainlet to a pod template (or a Pod): metadata annotations, the volume, the
@@ -566,6 +620,42 @@ impl Ctx<'_> {
         ]));
         Ok(())
     }
+}
+
+/// The rules of `--failure-policy`, from `crate::exit`'s permanent codes.
+fn pod_failure_policy(training: &str) -> Node {
+    let codes = |v: &[i32]| Node::seq(v.iter().map(|c| Node::int(i64::from(*c))));
+    let fail_on = |container: &str, values: &[i32]| {
+        Node::map([
+            ("action", Node::str("FailJob")),
+            (
+                "onExitCodes",
+                Node::map([
+                    ("containerName", Node::str(container)),
+                    ("operator", Node::str("In")),
+                    ("values", codes(values)),
+                ]),
+            ),
+        ])
+    };
+    Node::map([(
+        "rules",
+        Node::seq([
+            // Preemption, eviction by a drain or a taint: not the job's fault.
+            Node::map([
+                ("action", Node::str("Ignore")),
+                (
+                    "onPodConditions",
+                    Node::seq([Node::map([
+                        ("type", Node::str("DisruptionTarget")),
+                        ("status", Node::str("True")),
+                    ])]),
+                ),
+            ]),
+            fail_on(INIT_CONTAINER, &crate::exit::INIT_PERMANENT),
+            fail_on(training, &crate::exit::CMD_PERMANENT),
+        ]),
+    )])
 }
 
 /// Adds `key` (when absent) just before `before`, or at the end.

@@ -193,18 +193,29 @@ async fn the_report_stays_within_16_kib_whatever_the_flags_say() {
                 &container,
             ],
         ));
-        wait_annotation(&client, &ns, &name, "trainlet.io/health", "degraded").await;
+        // No NVML and no observations from exec: the count is unknown, and the
+        // report carries the why, with the giant library path in it.
+        wait_annotation(&client, &ns, &name, "trainlet.io/gpu-count", "unknown").await;
         let report = annotations(&client, &ns, &name).await["trainlet.io/report"].clone();
         assert!(report.len() <= 16 * 1024, "{} bytes", report.len());
         let v: Value = serde_json::from_str(&report).unwrap();
         assert_eq!(v["truncated"], true);
-        assert_eq!(v["health"], "degraded");
+        assert_eq!(v["health"], "ok");
+        assert_eq!(v["gpu"]["status"], "unknown");
         assert_eq!(v["gpu"]["expected"]["count"], 1);
         assert!(
             v["gpu"]["nvml"]
                 .as_str()
                 .unwrap()
                 .starts_with("unavailable: ")
+        );
+        assert!(
+            v["gpu"]["unknown"]
+                .as_str()
+                .unwrap()
+                .starts_with("this sidecar has no GPU of its own (NVML: unavailable: "),
+            "{}",
+            v["gpu"]["unknown"]
         );
         eprintln!(
             "--nvml-lib of {len} characters: report of {} bytes",

@@ -178,6 +178,7 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
             .collect::<Vec<_>>(),
         [
             "classic-sidecar-job.yaml",
+            "failure-policy-job.yaml",
             "jax.yaml",
             "jobset-pytorch.yaml",
             "mpi-hostfile.yaml",
