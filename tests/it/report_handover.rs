@@ -450,9 +450,11 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
     write_tf_config(&l.files(), free_port());
     let events = l.root().join("nvml-events");
     std::fs::write(&events, "").unwrap();
+    let lost = l.root().join("nvml-lost");
     let start_exec = || {
         let mut c = l.exec(&ns, "train-0", &[], &["sleep", "600"]);
-        c.env("FAKE_NVML_EVENTS", &events);
+        c.env("FAKE_NVML_EVENTS", &events)
+            .env("FAKE_NVML_LOST", &lost);
         Reporter::start(c)
     };
     let mut exec = start_exec();
@@ -509,6 +511,17 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
         annotations(&client, &ns, "train-0").await["trainlet.io/gpu-count"],
         "4"
     );
+
+    // The training container loses its GPUs: the sidecar announces it, once.
+    std::fs::write(&lost, "").unwrap();
+    let note = wait_warning(&client, &ns, "GPULost").await;
+    assert!(note.starts_with("container trainer "), "{note}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(count_warnings(&client, &ns, "GPULost").await, 1);
+    let report: serde_json::Value =
+        serde_json::from_str(&annotations(&client, &ns, "train-0").await["trainlet.io/report"])
+            .unwrap();
+    assert_eq!(report["gpu"]["lost"], note, "{report}");
 }
 
 /// CMD's child is OOM-killed in a training container without a token: the sidecar
