@@ -516,6 +516,15 @@ fn write_outputs(
         cluster,
         &ranks,
         &cfg.cluster.rpc_layer,
+        cfg.cluster
+            .resolver
+            .jobs
+            .iter()
+            .map(|j| {
+                let sels = j.selectors.iter().map(ToString::to_string).collect();
+                (j.task_type.clone(), sels)
+            })
+            .collect(),
         &now,
         waited.as_secs_f64(),
     );

@@ -112,6 +112,7 @@ pub struct Metrics {
     pub api_errors: Counter,
     pub admin_refused: Counter,
     pub observations: Counter,
+    pub cluster_stale: Gauge,
     pub observations_rejected: Family<ReasonLabel, Counter>,
 }
 
@@ -136,6 +137,7 @@ impl Metrics {
             api_errors: Counter::default(),
             admin_refused: Counter::default(),
             observations: Counter::default(),
+            cluster_stale: Gauge::default(),
             observations_rejected: Family::default(),
             registry: Registry::default(),
         };
@@ -188,6 +190,11 @@ impl Metrics {
             "admin_connections_refused",
             "Admin connections closed at once because 1024 were already open",
             m.admin_refused.clone(),
+        );
+        registry.register(
+            "cluster_stale",
+            "1 while a task of the cluster this pod was given is lost or at another address (the peer watch), else 0",
+            m.cluster_stale.clone(),
         );
         registry.register(
             "observations",

@@ -32,6 +32,8 @@ pub mod keys {
     pub const OOM_KILLS: &str = "trainlet.io/oom-kills";
     pub const HEALTH: &str = "trainlet.io/health";
     pub const REPORT: &str = "trainlet.io/report";
+    /// The peer watch: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19`.
+    pub const CLUSTER: &str = "trainlet.io/cluster";
 }
 
 #[derive(Debug, Error)]

@@ -137,6 +137,10 @@ pub struct ClusterFile {
     /// This pod's rank; absent for the evaluator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<usize>,
+    /// Each job type's label selectors, as resolved: what the reporters watch after
+    /// the start to tell a replaced or lost peer.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selectors: BTreeMap<String, Vec<String>>,
     /// RFC 3339 time of the resolution.
     pub resolved_at: String,
     /// Seconds spent waiting for the peers.
@@ -181,6 +185,7 @@ pub fn render_cluster_file(
     cluster: &Cluster,
     ranks: &frameworks::Ranks,
     rpc_layer: &str,
+    selectors: BTreeMap<String, Vec<String>>,
     resolved_at: &str,
     waited_seconds: f64,
 ) -> String {
@@ -200,6 +205,7 @@ pub fn render_cluster_file(
             .collect(),
         ranks: ranks.names(),
         rank: ranks.own,
+        selectors,
         resolved_at: resolved_at.to_string(),
         waited_seconds: (waited_seconds * 1000.0).round() / 1000.0,
     };
@@ -375,7 +381,15 @@ mod tests {
         );
         let c = cluster();
         let ranks = frameworks::Ranks::new(&c, &["ps", "worker"], &tf.task);
-        let s = render_cluster_file(&tf, &c, &ranks, "grpc", "2026-01-01T00:00:00Z", 3.21234);
+        let s = render_cluster_file(
+            &tf,
+            &c,
+            &ranks,
+            "grpc",
+            BTreeMap::new(),
+            "2026-01-01T00:00:00Z",
+            3.21234,
+        );
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(v["master"], "grpc://10.0.0.6:8470");
         assert_eq!(v["peers"][0]["name"], "ps-0");

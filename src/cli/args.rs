@@ -354,6 +354,14 @@ pub struct SidecarArgs {
     #[arg(long, env = "TRAINLET_CGROUP_ROOT", value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
 
+    /// The cluster.json of trainlet-init: after the start, the sidecar watches the pods
+    /// of the job types it was resolved from and reports a peer lost or replaced at
+    /// another address (PeerLost, PeerReplaced, trainlet.io/cluster, degraded). Used
+    /// when the file exists; `off` turns the watch off. Default: cluster.json in the
+    /// default --output-dir of init (/etc/trainlet).
+    #[arg(long, env = "TRAINLET_CLUSTER_FILE", value_name = "PATH")]
+    pub cluster_file: Option<String>,
+
     /// Exit 0 once the training container has terminated for good, so that a Job
     /// with a classic sidecar can complete. Native sidecars do not need it.
     #[arg(long, env = "TRAINLET_EXIT_WITH_MAIN")]

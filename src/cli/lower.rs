@@ -329,6 +329,7 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
         cgroup_root: None,
         exit_with_main: false,
         observations: r.observations.clone(),
+        cluster_file: None,
     })
 }
 
@@ -353,6 +354,11 @@ pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
     }
     cfg.cgroup_root = a.cgroup_root.clone();
     cfg.exit_with_main = a.exit_with_main;
+    cfg.cluster_file = match a.cluster_file.as_deref().map(str::trim) {
+        None => Some(Path::new(defaults::OUTPUT_DIR).join(crate::tfconfig::CLUSTER_FILE)),
+        Some("" | "off") => None,
+        Some(f) => Some(f.into()),
+    };
     Ok(cfg)
 }
 

@@ -10,6 +10,7 @@
 
 pub mod address;
 pub mod config;
+pub mod drift;
 pub mod order;
 pub mod published;
 pub mod selector;

@@ -41,6 +41,7 @@ mod init;
 mod init_faults;
 mod inject;
 mod packaging;
+mod peer_watch;
 mod report_gpu;
 mod report_handover;
 mod report_lifecycle;

@@ -52,6 +52,8 @@ pub struct Config {
     /// The handover directory: exec writes its observations there instead of
     /// publishing them; the sidecar reads them and publishes for both.
     pub observations: Option<PathBuf>,
+    /// Sidecar: `cluster.json`, whose peers it watches after the start.
+    pub cluster_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Error)]

@@ -25,6 +25,7 @@ mod link;
 pub mod listeners;
 pub mod oom_watch;
 pub mod outbox;
+mod peer_watch;
 pub mod state;
 
 use std::path::Path;
@@ -80,6 +81,8 @@ pub struct Engine {
     inbox: Option<handover::Inbox>,
     /// The first view of the own pod has seeded what was announced before.
     seeded: bool,
+    /// Sidecar: the peers of the resolved cluster.
+    peers: Option<peer_watch::PeerWatch>,
 }
 
 impl Engine {
@@ -91,10 +94,15 @@ impl Engine {
             (Mode::Sidecar, Some(dir)) => (None, Some(handover::Inbox::new(dir))),
             (_, None) => (None, None),
         };
+        let peers = match (cfg.mode, &cfg.cluster_file) {
+            (Mode::Sidecar, Some(f)) => peer_watch::PeerWatch::load(f),
+            _ => None,
+        };
         Engine {
             outgoing,
             inbox,
             seeded: false,
+            peers,
             gpu_probe: GpuProbe::new(cfg.nvml_lib.clone()),
             outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
             listeners: Listeners::new(proc_root),
@@ -282,6 +290,7 @@ impl Engine {
             xids: &self.xids,
             gpu_unknown: unknown.as_deref(),
             exec: mark.as_ref(),
+            cluster: self.peers.as_ref().and_then(|p| p.drift.as_deref()),
         });
         if let Some(summary) = &step.summary {
             info!(devices = ?step.report.gpu.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "report: {summary}");
@@ -294,6 +303,9 @@ impl Engine {
         m.gpus_expected
             .set(expected.as_ref().map_or(0, |e| i64::from(e.count)));
         m.health.set(i64::from(step.report.health == Health::Ok));
+        if let Some(c) = &step.report.cluster {
+            m.cluster_stale.set(i64::from(c != "current"));
+        }
         // No await between clear and set: a scrape on this thread never sees a gap.
         m.gpu_info.clear();
         for d in &step.report.gpu.devices {
@@ -376,6 +388,11 @@ impl Engine {
                     }
                     None => pods = None,
                 },
+                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => {
+                    if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
+                        self.evaluate();
+                    }
+                }
                 Some(()) = handover::next_version(&mut self.inbox) => {
                     if self.read_observations() {
                         self.evaluate();
@@ -465,6 +482,9 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     }
     engine.watch_gpu_events();
     engine.watch_observations();
+    if let (Some(peers), Some(link)) = (engine.peers.as_mut(), engine.link.as_ref()) {
+        peers.start(&link.client, &link.id.namespace);
+    }
     engine.run_loop(&mut signals).await;
     engine.stop_gpu_events();
     engine.outbox.flush(&engine.metrics, &engine.ready).await;

@@ -24,7 +24,8 @@ pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 const FINAL_FLUSH: Duration = Duration::from_millis(1500);
 
 /// The annotations the reporters own, read back from the pod at start.
-const REPORTED: [&str; 6] = [
+const REPORTED: [&str; 7] = [
+    keys::CLUSTER,
     keys::GPU_COUNT,
     keys::GPU_PRODUCT,
     keys::PORT_CONFLICT,

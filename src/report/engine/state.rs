@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use super::budget::REPORT_MAX;
+use crate::cluster::drift::{self, Drift, Held};
 use crate::publish::keys;
 use crate::report::gpu::{self, Expected, GpuDevice, GpuInfo, GpuStatus};
 use crate::report::oom::OomKill;
@@ -116,6 +117,9 @@ pub struct Report {
     /// The sidecar publishes `trainlet exec`'s observations: see [`ExecMark`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecMark>,
+    /// The peer watch: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -142,6 +146,8 @@ pub struct Observed<'a> {
     /// Why the GPUs cannot be seen at all (a sidecar without GPUs or observations).
     pub gpu_unknown: Option<&'a str>,
     pub exec: Option<&'a ExecMark>,
+    /// Where each task of the resolved cluster stands (the sidecar's peer watch).
+    pub cluster: Option<&'a [Drift]>,
 }
 
 /// Builds the report and decides health. Degraded means a person should look: a GPU
@@ -175,6 +181,10 @@ pub fn assemble(o: Observed<'_>) -> Report {
         if state.is_conflict() {
             reasons.push(ports::conflict_message(*port, state, o.container));
         }
+    }
+    let cluster = o.cluster.map(drift::annotation);
+    if let Some(c) = cluster.as_ref().filter(|c| c.starts_with("stale")) {
+        reasons.push(format!("the cluster this pod was given is {c}"));
     }
     if o.oom_total > 0 {
         let last = o
@@ -234,6 +244,7 @@ pub fn assemble(o: Observed<'_>) -> Report {
         },
         errors: o.errors,
         exec: o.exec.cloned(),
+        cluster,
         truncated: false,
     }
 }
@@ -296,6 +307,7 @@ pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Optio
         ),
         (keys::OOM_KILLS.into(), Some(report.oom.kills.to_string())),
         (keys::HEALTH.into(), Some(report.health.as_str().into())),
+        (keys::CLUSTER.into(), report.cluster.clone()),
         (keys::REPORT.into(), Some(report_json.to_string())),
     ])
 }
@@ -306,6 +318,8 @@ pub struct Announced {
     gpu: Option<(GpuStatus, u32)>,
     conflicts: BTreeSet<u16>,
     lost: bool,
+    /// Each task's state last announced by the peer watch ([`held_key`]).
+    peers: BTreeMap<String, String>,
 }
 
 /// An Event to emit: (reason, note).
@@ -381,6 +395,30 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
     (out, urgent)
 }
 
+/// What makes a task's state news: lost (whatever became of it since), or replaced at
+/// this address.
+fn held_key(h: &Held) -> String {
+    match h {
+        Held::Current => "current".into(),
+        Held::Lost { .. } => "lost".into(),
+        Held::Replaced { address, .. } => format!("replaced {address}"),
+    }
+}
+
+/// PeerLost / PeerReplaced, once per task and state (a pod being deleted, then gone,
+/// then replaced without an address yet is one loss); a task back to current clears.
+pub fn peer_transitions(announced: &mut Announced, cluster: &[Drift]) -> Vec<Note> {
+    let mut out = Vec::new();
+    for d in cluster {
+        let key = held_key(&d.held);
+        if announced.peers.get(&d.task) != Some(&key) {
+            out.extend(drift::event(d));
+            announced.peers.insert(d.task.clone(), key);
+        }
+    }
+    out
+}
+
 /// What the engine remembers between evaluations: the transitions already announced,
 /// and the last summary logged, so the log shows changes, not every probe.
 #[derive(Debug, Default)]
@@ -452,10 +490,16 @@ impl State {
 
     /// Evaluates the latest observations.
     pub fn step(&mut self, observed: Observed<'_>) -> Step {
+        let observed_cluster = observed.cluster;
         let report = assemble(observed);
         let json = render(&report);
         let annotations = annotations(&report, &json);
-        let (events, urgent) = transitions(&mut self.announced, &report);
+        let (mut events, mut urgent) = transitions(&mut self.announced, &report);
+        if let Some(c) = observed_cluster {
+            let peers = peer_transitions(&mut self.announced, c);
+            urgent |= !peers.is_empty();
+            events.extend(peers);
+        }
         let line = summary(&report);
         let summary = (line != self.logged).then(|| {
             self.logged = line.clone();
@@ -554,6 +598,7 @@ mod tests {
             xids: &NO_XIDS,
             gpu_unknown: None,
             exec: None,
+            cluster: None,
         })
     }
 
@@ -743,6 +788,7 @@ mod tests {
             xids: &NO_XIDS,
             gpu_unknown: None,
             exec: None,
+            cluster: None,
         })
     }
 
@@ -765,6 +811,7 @@ mod tests {
             xids,
             gpu_unknown: None,
             exec: None,
+            cluster: None,
         })
     }
 
@@ -1063,6 +1110,7 @@ mod tests {
             xids: &NO_XIDS,
             gpu_unknown: None,
             exec: None,
+            cluster: None,
         }
     }
 }
