@@ -270,7 +270,8 @@ const EXEC: &str = "trainlet exec --report";
 const EXEC_PIDNS: &str = "trainlet exec --report, own PID namespace";
 /// The shipped layout: the two on one pod, exec without credentials handing its
 /// observations to the sidecar, which has no GPU of its own.
-const HANDOVER_SIDECAR: &str = "trainlet sidecar --observations (shipped layout)";
+const HANDOVER_SIDECAR: &str =
+    "trainlet sidecar --observations --cluster-file (shipped layout, peer watch)";
 const HANDOVER_EXEC: &str = "trainlet exec --report --observations (shipped layout)";
 
 struct Running {
@@ -364,7 +365,8 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     {
         let name = "train-handover".to_string();
         let port = support::free_port();
-        pod(&name)
+        let created = pod(&name)
+            .labels("app=handover")
             .gpus(2)
             .port("tf", i32::from(port))
             .create(client, &ns)
@@ -374,6 +376,26 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         let observed = out.path().join("observed");
         std::fs::create_dir(&observed).unwrap();
         rs::write_tf_config(out.path(), port);
+        // The cluster.json init would write, so the sidecar's peer watch runs too.
+        let cluster_file = out.path().join("cluster.json");
+        std::fs::write(
+            &cluster_file,
+            serde_json::json!({
+                "cluster": {"worker": [format!("10.1.0.9:{port}")]},
+                "task": {"type": "worker", "index": 0},
+                "master": format!("grpc://10.1.0.9:{port}"),
+                "peers": [{"name": name, "type": "worker", "index": 0,
+                    "address": format!("10.1.0.9:{port}"), "node": "node-a",
+                    "uid": created.metadata.uid.clone().unwrap()}],
+                "ranks": ["worker/0"],
+                "rank": 0,
+                "selectors": {"worker": ["app=handover"]},
+                "resolved_at": "2026-11-22T10:00:00Z",
+                "waited_seconds": 0.0
+            })
+            .to_string(),
+        )
+        .unwrap();
         let mut exec = support::trainlet();
         exec.args(["exec", "--report", "--output-dir"])
             .arg(out.path())
@@ -389,7 +411,9 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             .arg("--kubeconfig")
             .arg(&kc)
             .args(["--pod-name", &name, "--pod-namespace", &ns])
-            .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+            .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+            .arg("--cluster-file")
+            .arg(&cluster_file);
         procs.push((
             HANDOVER_EXEC,
             name.clone(),

@@ -83,6 +83,7 @@ pub struct Engine {
     seeded: bool,
     /// Sidecar: the peers of the resolved cluster.
     peers: Option<peer_watch::PeerWatch>,
+    started: Instant,
 }
 
 impl Engine {
@@ -103,6 +104,7 @@ impl Engine {
             inbox,
             seeded: false,
             peers,
+            started: Instant::now(),
             gpu_probe: GpuProbe::new(cfg.nvml_lib.clone()),
             outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
             listeners: Listeners::new(proc_root),
@@ -336,8 +338,14 @@ impl Engine {
         if step.urgent {
             self.outbox.hurry();
         }
-        self.outbox.want(step.annotations);
-        self.evaluated = true;
+        // The first report waits (a little) for the peer watch's first list, so that it
+        // already says whether the cluster is current: one patch, not two.
+        let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
+            && self.started.elapsed() < peer_watch::FIRST_LIST_WAIT;
+        if !peers_pending {
+            self.outbox.want(step.annotations);
+            self.evaluated = true;
+        }
         self.schedule();
         self.hand_over(None);
     }

@@ -15,6 +15,10 @@ use tracing::{info, warn};
 use crate::cluster::drift::{self, Drift, Live, Resolved};
 use crate::tfconfig;
 
+/// How long the first report waits for the watches' first lists; a watch that cannot
+/// list (no RBAC, the API server away) must not hold the report back.
+pub(super) const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 type Events = BoxStream<'static, (usize, Result<watcher::Event<Pod>, watcher::Error>)>;
 
 pub(super) struct PeerWatch {
