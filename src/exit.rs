@@ -34,20 +34,14 @@ impl From<Code> for std::process::ExitCode {
     }
 }
 
-/// Whether a failure may go away on a retry: the split that the Job's podFailurePolicy
-/// (`inject --failure-policy`) and an operator's `ExitCode` restart policy act on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retry {
-    /// The same input fails the same way: fail the Job at once.
-    Permanent,
-    /// Transient (a peer not up yet, the API server away, a signal): retry.
-    Retryable,
-}
-
 /// trainlet-init's codes that are permanent: invalid flags (2), inconsistent peers (5),
 /// an internal failure (1). Its other failures are retryable: peers not ready before
 /// the timeout (3), an API error (4), a port taken on this node (6).
-pub const INIT_PERMANENT: [i32; 3] = [1, 2, 5];
+pub const INIT_PERMANENT: [i32; 3] = [
+    Code::Internal as i32,
+    Code::Usage as i32,
+    Code::Inconsistent as i32,
+];
 
 /// The training container's permanent codes, as the operators' `ExitCode` policy has
 /// them (tf-operator's `IsRetryableExitCode`, the seeds): 1 general error, 2 misuse (also
@@ -57,22 +51,6 @@ pub const INIT_PERMANENT: [i32; 3] = [1, 2, 5];
 /// from 128 up, 128 and 139 included; trainlet keeps the seeds' list, since a segfault
 /// repeats on a retry.
 pub const CMD_PERMANENT: [i32; 6] = [1, 2, 126, 127, 128, 139];
-
-/// The class of an exit code of `trainlet-init` (`init == true`) or of the training
-/// container under `trainlet exec`. Codes in neither list are counted against the
-/// Job's backoffLimit, which is what `Retryable` means for them.
-pub fn classify(code: i32, init: bool) -> Retry {
-    let permanent: &[i32] = if init {
-        &INIT_PERMANENT
-    } else {
-        &CMD_PERMANENT
-    };
-    if permanent.contains(&code) {
-        Retry::Permanent
-    } else {
-        Retry::Retryable
-    }
-}
 
 /// How the process ends: with one of trainlet's codes, or (`exec --report`) with the
 /// status of the command it ran, which trainlet passes on as a shell would.
@@ -133,20 +111,18 @@ impl std::error::Error for Failure {}
 mod tests {
     use super::*;
 
+    /// The permanent lists are the operators' `ExitCode` split; everything else, the
+    /// signals an operator retries (130, 137, 143) included, is counted, not fatal.
     #[test]
     fn exit_codes_split_as_the_operators_exit_code_policy_does() {
-        for c in [1, 2, 126, 127, 128, 139] {
-            assert_eq!(classify(c, false), Retry::Permanent, "{c}");
-        }
+        assert_eq!(CMD_PERMANENT, [1, 2, 126, 127, 128, 139]);
         for c in [130, 137, 143, 3, 42] {
-            assert_eq!(classify(c, false), Retry::Retryable, "{c}");
+            assert!(!CMD_PERMANENT.contains(&c), "{c}");
         }
-        for c in [Code::Internal, Code::Usage, Code::Inconsistent] {
-            assert_eq!(classify(c as i32, true), Retry::Permanent, "{c:?}");
-        }
+        assert_eq!(INIT_PERMANENT, [1, 2, 5]);
         for c in [Code::NotReady, Code::Api, Code::PortConflict] {
-            assert_eq!(classify(c as i32, true), Retry::Retryable, "{c:?}");
+            assert!(!INIT_PERMANENT.contains(&(c as i32)), "{c:?}");
         }
-        assert_eq!(classify(137, true), Retry::Retryable);
+        assert!(!INIT_PERMANENT.contains(&137));
     }
 }

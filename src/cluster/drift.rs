@@ -47,7 +47,7 @@ impl Resolved {
         format!("{}/{}", self.task_type, self.index)
     }
     fn host(&self) -> &str {
-        host_of(&self.address)
+        super::address::host(&self.address)
     }
     fn slot(&self) -> String {
         if self.slot.is_empty() {
@@ -55,17 +55,6 @@ impl Resolved {
         } else {
             self.slot.clone()
         }
-    }
-}
-
-/// `10.0.0.7` of `10.0.0.7:8470`, `[fd00::7]:8470` or a bare host.
-fn host_of(address: &str) -> &str {
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match address.rsplit_once(':') {
-        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !h.contains(':') => h,
-        _ => address,
     }
 }
 
@@ -329,8 +318,10 @@ mod tests {
         );
         r.address = "mnist-0.mnist.ml.svc.cluster.local:8470".into();
         assert_eq!(annotation(&assess(&[r], &[new])), "current");
-        assert_eq!(host_of("[fd00::7]:8470"), "fd00::7");
-        assert_eq!(host_of("10.0.0.7"), "10.0.0.7");
+        let mut v6 = resolved(1, "[fd00::7]");
+        v6.address = "[fd00::7]:8470".into();
+        let at = live("w-1-bbbb", "uid-1b", "job/w/1", Some("fd00::7"), "Running");
+        assert_eq!(annotation(&assess(&[v6], &[at])), "current");
     }
 
     #[test]

@@ -397,7 +397,7 @@ impl Ctx<'_> {
 
     /// `--failure-policy`: the Job fails at once on a permanent exit code of
     /// trainlet-init or of the training container, ignores disruptions, and counts the
-    /// rest against backoffLimit (see `crate::exit::classify`).
+    /// rest against backoffLimit (`crate::exit::INIT_PERMANENT`, `CMD_PERMANENT`).
     fn failure_policy(&mut self, job_spec: &mut Node, what: &str) -> Result<(), TransformError> {
         let Some(pod) = descend(job_spec, &["template", "spec"]) else {
             return Err(self.shape(what, "spec.template.spec is not a mapping"));

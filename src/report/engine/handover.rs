@@ -99,10 +99,6 @@ impl Engine {
         let out = self.outgoing.as_ref()?;
         let ledger = &self.oom.ledger;
         let first = ledger.total + 1 - ledger.kills.len() as u64;
-        let mut errors = self.oom.errors.clone();
-        if let Some(e) = &self.listeners.error {
-            errors.insert("ports".into(), e.clone());
-        }
         Some(Observation {
             version: VERSION,
             epoch: out.epoch.clone(),
@@ -139,7 +135,7 @@ impl Engine {
                 .enumerate()
                 .map(|(i, k)| KillObservation::from_kill(first + i as u64, k))
                 .collect(),
-            errors,
+            errors: self.probe_errors(),
         })
     }
 
@@ -259,8 +255,7 @@ impl Engine {
             self.announce_kill(&kill);
         }
         for (e, n) in news.xids {
-            self.xids.counts.entry(e.clone()).or_insert(0);
-            *self.xids.counts.get_mut(&e).expect("inserted") += n;
+            *self.xids.counts.entry(e.clone()).or_insert(0) += n;
             self.metrics
                 .gpu_xid_errors
                 .get_or_create(&xid_label(&e))
@@ -290,7 +285,7 @@ impl Engine {
                 Ok(w) => inbox.watch = Some(w),
                 Err(e) => warn!(
                     "{e}; reading {} every --interval instead",
-                    file::path(&inbox.dir).display()
+                    inbox.dir.join(handover::FILE).display()
                 ),
             }
         }

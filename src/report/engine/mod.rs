@@ -28,6 +28,8 @@ pub mod outbox;
 mod peer_watch;
 pub mod state;
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -229,6 +231,15 @@ impl Engine {
         self.outbox.push(("OOMKill", kill.message()), true);
     }
 
+    /// The probes that failed, by probe: their parts of the report are partial.
+    fn probe_errors(&self) -> BTreeMap<String, String> {
+        let mut errors = self.oom.errors.clone();
+        if let Some(e) = &self.listeners.error {
+            errors.insert("ports".into(), e.clone());
+        }
+        errors
+    }
+
     /// Builds the report from the latest observations, updates the metrics, and
     /// schedules what changed.
     fn evaluate(&mut self) {
@@ -238,30 +249,27 @@ impl Engine {
         if self.link.is_some() {
             sources.push("pod status".into());
         }
-        let mut errors = self.oom.errors.clone();
-        if let Some(e) = &self.listeners.error {
-            errors.insert("ports".into(), e.clone());
-        }
+        let mut errors = self.probe_errors();
         // A sidecar reports the GPUs and ports the training container's trainlet exec
         // observed; from its own NVML only when it has GPUs of its own; else the count
         // is unknown, which is no problem to announce.
         let now = SystemTime::now();
-        let exec = self.inbox.as_ref().and_then(|i| i.fresh(now));
-        let exec_gpu = exec.map(|o| o.gpu_info());
-        let mut ports = self.listeners.states.clone();
+        let exec_gpu;
+        let mut ports = Cow::Borrowed(&self.listeners.states);
         let mut unknown = None;
-        let (gpu, gpus_seen, gpu_lost) = match (exec, &exec_gpu) {
-            (Some(o), Some(g)) => {
-                ports.extend(o.port_states());
+        let (gpu, gpus_seen, gpu_lost) = match self.inbox.as_ref().and_then(|i| i.fresh(now)) {
+            Some(o) => {
+                exec_gpu = o.gpu_info();
+                ports.to_mut().extend(o.port_states());
                 for (k, v) in &o.errors {
                     errors.insert(format!("exec {k}"), v.clone());
                 }
                 sources.push(format!(
                     "trainlet exec in container {container} (observations)"
                 ));
-                (g, o.gpu.seen, o.gpu.lost.as_deref())
+                (&exec_gpu, o.gpu.seen, o.gpu.lost.as_deref())
             }
-            _ => {
+            None => {
                 if self.cfg.mode == Mode::Sidecar && self.gpu.count() == 0 {
                     unknown = Some(match &self.inbox {
                         Some(i) => i.why_unknown(&self.gpu.nvml_status(), now),
@@ -281,7 +289,7 @@ impl Engine {
             since: &self.since,
             gpu,
             expected: expected.as_ref(),
-            ports: &ports,
+            ports: ports.as_ref(),
             oom_total: self.oom.ledger.total,
             oom_by_container: &self.oom.ledger.by_container,
             oom_recent: &self.oom.ledger.kills,
@@ -324,7 +332,7 @@ impl Engine {
         drop(m.oom_kills.get_or_create(&ContainerLabel { container }));
         // No await between clear and set: a scrape on this thread never sees a gap.
         m.port_conflict.clear();
-        for (port, state) in &ports {
+        for (port, state) in ports.iter() {
             m.port_conflict
                 .get_or_create(&PortLabel {
                     port: port.to_string(),

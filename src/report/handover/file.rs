@@ -3,7 +3,7 @@
 
 use std::io::Read as _;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::SystemTime;
 
 use super::{FILE, MAX_BYTES, Observation, Rejected, parse};
@@ -105,9 +105,4 @@ impl Watch {
             }
         }
     }
-}
-
-/// The directory's path, for messages.
-pub fn path(dir: &Path) -> PathBuf {
-    dir.join(FILE)
 }

@@ -34,7 +34,7 @@ use crate::report::engine::state::PortEntry;
 use crate::report::gpu::{GpuDevice, GpuInfo, Unavailable};
 use crate::report::oom::OomKill;
 use crate::report::ports::{Owner, PortState};
-use crate::report::xid::{XidError, XidLedger};
+use crate::report::xid::XidError;
 
 /// The file's name in the observations directory.
 pub const FILE: &str = "exec.json";
@@ -302,17 +302,6 @@ impl Observation {
             devices: self.gpu.devices.clone(),
             driver: self.gpu.driver.clone(),
             nvml: self.gpu.unavailable.clone().map_or(Ok(()), Err),
-        }
-    }
-
-    /// The XID counts, as a ledger.
-    pub fn xid_ledger(&self) -> XidLedger {
-        XidLedger {
-            counts: self
-                .xids
-                .iter()
-                .map(|x| (x.error.clone(), x.count))
-                .collect(),
         }
     }
 

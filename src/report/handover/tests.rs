@@ -64,7 +64,7 @@ fn an_observation_round_trips_exactly() {
     let o = sample();
     assert_eq!(parse(&json(&o), "exec.json"), Ok(o.clone()));
     assert_eq!(o.gpu_info().count(), 4);
-    assert_eq!(o.xid_ledger().total(), 2);
+    assert_eq!(o.xids[0].count, 2);
     assert!(o.port_states()[&8470].is_conflict());
     let unavailable = Observation {
         gpu: GpuObservation {
