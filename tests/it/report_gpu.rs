@@ -318,18 +318,10 @@ async fn xid_errors_are_counted_and_a_lost_gpu_is_announced() {
     wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
     r.wait_ready().await;
 
-    let append = |line: &str| {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&events)
-            .unwrap();
-        f.write_all(line.as_bytes()).unwrap();
-    };
     let series =
         "trainlet_gpu_xid_errors_total{gpu=\"2\",uuid=\"GPU-00000000-fake-0002\",xid=\"79\"}";
     let note = "GPU 2 (GPU-00000000-fake-0002) reported XID 79 (GPU has fallen off the bus)";
-    append("2 79\n");
+    inject_xid(&events, "2 79\n");
     assert_eq!(wait_warning(&client, &ns, "GPUXidError").await, note);
     wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "degraded").await;
     assert_eq!(metric(&r.metrics().await, series), Some(1.0));
@@ -338,7 +330,7 @@ async fn xid_errors_are_counted_and_a_lost_gpu_is_announced() {
             .unwrap();
     assert_eq!(report["reasons"], serde_json::json!([note]));
 
-    append("2 79\n");
+    inject_xid(&events, "2 79\n");
     eventually("the second XID 79", Duration::from_secs(20), || async {
         (metric(&r.metrics().await, series) == Some(2.0)).then_some(())
     })
@@ -361,12 +353,5 @@ async fn xid_errors_are_counted_and_a_lost_gpu_is_announced() {
     let lost_note = wait_warning(&client, &ns, "GPULost").await;
     assert!(lost_note.starts_with("container trainer "), "{lost_note}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        warnings(&client, &ns)
-            .await
-            .iter()
-            .filter(|(r, _)| r == "GPULost")
-            .count(),
-        1
-    );
+    assert_eq!(count_warnings(&client, &ns, "GPULost").await, 1);
 }

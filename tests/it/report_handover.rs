@@ -75,6 +75,17 @@ impl Layout {
     }
 }
 
+/// A namespace with trainlet's RBAC (its ServiceAccount's kubeconfig in the layout's
+/// directory) and pod `train-0` of `spec`, running at 10.1.0.5.
+async fn running(prefix: &str, spec: PodSpec) -> (kube::Client, Layout, String, PathBuf) {
+    let client = admin().await;
+    let l = Layout::new();
+    let (ns, kc) = rbac_namespace(&client, prefix, l.root()).await;
+    spec.create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    (client, l, ns, kc)
+}
+
 /// The field managers that own any `trainlet.io/` annotation of the pod, from its
 /// managedFields: which of trainlet's agents wrote them, as the API server recorded.
 async fn annotation_writers(client: &kube::Client, ns: &str, pod: &str) -> Vec<String> {
@@ -98,31 +109,9 @@ async fn annotation_writers(client: &kube::Client, ns: &str, pod: &str) -> Vec<S
     v
 }
 
-/// Appends one `index xid` line to the fake NVML's event file.
-fn inject_xid(events: &Path, line: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(events)
-        .unwrap();
-    f.write_all(line.as_bytes()).unwrap();
-}
-
-async fn count_warnings(client: &kube::Client, ns: &str, reason: &str) -> usize {
-    warnings(client, ns)
-        .await
-        .iter()
-        .filter(|(r, _)| r == reason)
-        .count()
-}
-
 /// A token of the trainlet ServiceAccount bound to a Secret: deleting the Secret
 /// revokes it, as a projected token expires.
 async fn bound_token(client: &kube::Client, ns: &str, secret: &str) -> String {
-    use k8s_openapi::api::authentication::v1::{
-        BoundObjectReference, TokenRequest, TokenRequestSpec,
-    };
-    use k8s_openapi::api::core::v1::ServiceAccount;
     let s: Secret = Api::namespaced(client.clone(), ns)
         .create(
             &PostParams::default(),
@@ -130,51 +119,19 @@ async fn bound_token(client: &kube::Client, ns: &str, secret: &str) -> String {
         )
         .await
         .unwrap();
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Secret".into()),
-                name: Some(secret.into()),
-                uid: s.metadata.uid,
-            }),
-        },
-        ..Default::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request("trainlet", &PostParams::default(), &req)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
+    let uid = s.metadata.uid.unwrap();
+    sa_token(client, ns, "trainlet", Some(("Secret", secret, &uid))).await
 }
 
 /// A kubeconfig that reads its token from `token_file`, as the in-cluster config
 /// reads the projected token: kube's client re-reads the file about once a minute.
 fn token_file_kubeconfig(dir: &Path, ns: &str, token_file: &Path) -> PathBuf {
-    let admin = std::fs::read_to_string(kubeconfig()).unwrap();
-    let grab = |key: &str| {
-        admin
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(key))
-            .unwrap_or_else(|| panic!("{key} in the admin kubeconfig"))
-            .trim()
-            .to_string()
-    };
-    let (server, ca) = (grab("server:"), grab("certificate-authority-data:"));
-    let path = dir.join("rotating.kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    tokenFile: {}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n    namespace: {ns}\ncurrent-context: c\n",
-            token_file.display()
-        ),
+    user_kubeconfig(
+        kubeconfig(),
+        ns,
+        &format!("tokenFile: {}", token_file.display()),
+        &dir.join("rotating.kubeconfig"),
     )
-    .unwrap();
-    path
 }
 
 /// Replaces the token file as the kubelet does: write beside, rename over.
@@ -190,16 +147,9 @@ fn rotate(token_file: &Path, token: &str) {
 /// rotated and the old one revoked: it still publishes the XID that comes after.
 #[tokio::test]
 async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
-    let client = admin().await;
-    let l = Layout::new();
-    let (ns, _kc) = rbac_namespace(&client, "handover", l.root()).await;
     let port = free_port();
-    pod("train-0")
-        .gpus(4)
-        .port("tf", port as i32)
-        .create(&client, &ns)
-        .await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let (client, l, ns, _kc) =
+        running("handover", pod("train-0").gpus(4).port("tf", port as i32)).await;
     write_tf_config(&l.files(), port);
     let events = l.root().join("nvml-events");
     std::fs::write(&events, "").unwrap();
@@ -328,11 +278,7 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
 /// the training container's GPU count: it says so, and warns of nothing.
 #[tokio::test]
 async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
-    let client = admin().await;
-    let l = Layout::new();
-    let (ns, kc) = rbac_namespace(&client, "unknown", l.root()).await;
-    pod("train-0").gpus(4).create(&client, &ns).await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let (client, l, ns, kc) = running("unknown", pod("train-0").gpus(4)).await;
     let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
     wait_annotation(&client, &ns, "train-0", "trainlet.io/gpu-count", "unknown").await;
     let a = annotations(&client, &ns, "train-0").await;
@@ -358,11 +304,7 @@ async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
 /// never reach the annotations; the sidecar lives on with the last good observation.
 #[tokio::test]
 async fn bad_observations_are_rejected_counted_and_never_published() {
-    let client = admin().await;
-    let l = Layout::new();
-    let (ns, kc) = rbac_namespace(&client, "badobs", l.root()).await;
-    pod("train-0").gpus(2).create(&client, &ns).await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let (client, l, ns, kc) = running("badobs", pod("train-0").gpus(2)).await;
     let file = l.observed().join("exec.json");
     // The format as documented, written by hand: 2 GPUs, rewritten every hour.
     let good = r#"{"version":1,"epoch":"42-1763800000000","interval_ms":3600000,"gpu":{"driver":"550.54.15","devices":[{"index":0,"uuid":"GPU-a","name":"Fake GPU","memory_total_bytes":1},{"index":1,"uuid":"GPU-b","name":"Fake GPU","memory_total_bytes":1}],"seen":2}}"#;
@@ -442,11 +384,7 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
 /// report is right again within an interval.
 #[tokio::test]
 async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
-    let client = admin().await;
-    let l = Layout::new();
-    let (ns, kc) = rbac_namespace(&client, "restarts", l.root()).await;
-    pod("train-0").gpus(4).create(&client, &ns).await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let (client, l, ns, kc) = running("restarts", pod("train-0").gpus(4)).await;
     write_tf_config(&l.files(), free_port());
     let events = l.root().join("nvml-events");
     std::fs::write(&events, "").unwrap();
@@ -532,11 +470,7 @@ async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
     let Some(cg) = MemCgroup::new(limit) else {
         return;
     };
-    let client = admin().await;
-    let l = Layout::new();
-    let (ns, kc) = rbac_namespace(&client, "oomhand", l.root()).await;
-    pod("train-0").create(&client, &ns).await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let (client, l, ns, kc) = running("oomhand", pod("train-0")).await;
     write_tf_config(&l.files(), free_port());
     let pidfile = l.root().join("memhog.pid");
     let script = format!(

@@ -91,6 +91,27 @@ pub async fn warnings(client: &Client, ns: &str) -> Vec<(String, String)> {
     v
 }
 
+/// How many Warning Events of this reason the namespace has.
+pub async fn count_warnings(client: &Client, ns: &str, reason: &str) -> usize {
+    warnings(client, ns)
+        .await
+        .iter()
+        .filter(|(r, _)| r == reason)
+        .count()
+}
+
+/// Appends one `index xid` line to the fake NVML's event file (FAKE_NVML_EVENTS):
+/// an XID error on that GPU, as NVML's event API reports it.
+pub fn inject_xid(events: &Path, line: &str) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(events)
+        .unwrap()
+        .write_all(line.as_bytes())
+        .unwrap();
+}
+
 /// Waits for a Warning Event with this reason and returns its note.
 pub async fn wait_warning(client: &Client, ns: &str, reason: &str) -> String {
     support::eventually(

@@ -437,14 +437,31 @@ async fn token_kubeconfig(
     pod: Option<(&str, &str)>,
     dir: &Path,
 ) -> PathBuf {
+    let token = sa_token(client, ns, sa, pod.map(|(name, uid)| ("Pod", name, uid))).await;
+    user_kubeconfig(
+        admin_kubeconfig,
+        ns,
+        &format!("token: {token}"),
+        &dir.join(format!("{sa}.kubeconfig")),
+    )
+}
+
+/// A token of ServiceAccount `sa` for an hour, bound to `bound` (kind, name, uid) when
+/// given: the API server then rejects it once that object is gone.
+pub async fn sa_token(
+    client: &Client,
+    ns: &str,
+    sa: &str,
+    bound: Option<(&str, &str, &str)>,
+) -> String {
     let req = TokenRequest {
         spec: TokenRequestSpec {
             audiences: vec![],
             expiration_seconds: Some(3600),
-            bound_object_ref: pod.map(|(name, uid)| {
+            bound_object_ref: bound.map(|(kind, name, uid)| {
                 k8s_openapi::api::authentication::v1::BoundObjectReference {
                     api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
+                    kind: Some(kind.into()),
                     name: Some(name.into()),
                     uid: Some(uid.into()),
                 }
@@ -452,23 +469,27 @@ async fn token_kubeconfig(
         },
         ..Default::default()
     };
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create_token_request(sa, &PostParams::default(), &req)
         .await
         .unwrap_or_else(|e| panic!("TokenRequest for {ns}/{sa}: {e}"))
         .status
         .expect("token status")
-        .token;
+        .token
+}
+
+/// Writes a kubeconfig at `path` for the control plane of `admin_kubeconfig`, in
+/// namespace `ns`, whose user is `user` (`token: …`, or `tokenFile: …`).
+pub fn user_kubeconfig(admin_kubeconfig: &Path, ns: &str, user: &str, path: &Path) -> PathBuf {
     let (server, ca) = server_and_ca_of(admin_kubeconfig);
-    let path = dir.join(format!("{sa}.kubeconfig"));
     std::fs::write(
-        &path,
+        path,
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {sa}\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: {sa}\n    namespace: {ns}\ncurrent-context: c\n"
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    {user}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n    namespace: {ns}\ncurrent-context: c\n"
         ),
     )
     .unwrap();
-    path
+    path.to_path_buf()
 }
 
 /// The built trainlet binary, with a clean environment: no TRAINLET_* or downward API
