@@ -12,6 +12,8 @@
 //! gives the replacement of an index too, and which JobSet's Jobs keep), else its name
 //! (a StatefulSet's replacement keeps the name).
 
+use std::collections::HashMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The slot of a pod: what its replacement shares with it.
@@ -106,20 +108,32 @@ pub struct Drift {
     pub held: Held,
 }
 
-/// Where every resolved task stands among the live pods.
-pub fn assess(resolved: &[Resolved], pods: &[Live]) -> Vec<Drift> {
+/// Where every resolved task stands among the live pods. Linear in tasks and pods (the
+/// pods are indexed once), as it runs on every peer event of a job of thousands.
+pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live>) -> Vec<Drift> {
+    let mut by_uid: HashMap<&str, &Live> = HashMap::new();
+    let mut by_slot: HashMap<&str, Vec<&Live>> = HashMap::new();
+    let mut by_name: HashMap<&str, Vec<&Live>> = HashMap::new();
+    for p in pods {
+        by_uid.insert(&p.uid, p);
+        if p.alive() {
+            by_slot.entry(&p.slot).or_default().push(p);
+            by_name.entry(&p.name).or_default().push(p);
+        }
+    }
     resolved
         .iter()
         .map(|r| {
-            let original = pods.iter().find(|p| p.uid == r.uid);
+            let original = by_uid.get(r.uid.as_str()).copied();
             let held = match original {
                 Some(p) if p.alive() => Held::Current,
                 _ => {
                     let slot = r.slot();
-                    let replacement = pods
-                        .iter()
-                        .filter(|p| p.uid != r.uid && p.alive())
-                        .find(|p| p.slot == slot || p.name == r.name);
+                    let replacement = [by_slot.get(slot.as_str()), by_name.get(r.name.as_str())]
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .find(|p| p.uid != r.uid);
                     match replacement {
                         Some(p) => match &p.ip {
                             None => Held::Lost {

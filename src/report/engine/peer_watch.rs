@@ -140,15 +140,17 @@ impl PeerWatch {
         if !self.synced.iter().all(|s| *s) {
             return false;
         }
-        let all: Vec<Live> = self.pods.iter().flat_map(|m| m.values().cloned()).collect();
         // A resolved pod's slot is learned while it is alive, so its replacement is
         // recognised after it is gone.
         for r in self.resolved.iter_mut().filter(|r| r.slot.is_empty()) {
-            if let Some(p) = all.iter().find(|p| p.uid == r.uid) {
+            if let Some(p) = self.pods.iter().find_map(|m| m.get(&r.uid)) {
                 r.slot = p.slot.clone();
             }
         }
-        let drift = Some(drift::assess(&self.resolved, &all));
+        let drift = Some(drift::assess(
+            &self.resolved,
+            self.pods.iter().flat_map(|m| m.values()),
+        ));
         let changed = drift != self.drift;
         self.drift = drift;
         changed
