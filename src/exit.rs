@@ -22,6 +22,10 @@ pub enum Code {
     Inconsistent = 5,
     /// A port is already in use in this pod's network namespace.
     PortConflict = 6,
+    /// `exec --on-peer-change exit` (or `restart` past `--max-restarts`): a peer of the
+    /// resolved cluster was lost or replaced; CMD was stopped so that the Job
+    /// controller replaces this pod and its init resolves the new cluster. Retryable.
+    PeerChanged = 7,
     /// `exec`: the command exists but cannot be executed (as in shells).
     CannotExecute = 126,
     /// `exec`: the command was not found (as in shells).

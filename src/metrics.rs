@@ -113,6 +113,7 @@ pub struct Metrics {
     pub admin_refused: Counter,
     pub observations: Counter,
     pub cluster_stale: Gauge,
+    pub restarts: Counter,
     pub observations_rejected: Family<ReasonLabel, Counter>,
 }
 
@@ -138,6 +139,7 @@ impl Metrics {
             admin_refused: Counter::default(),
             observations: Counter::default(),
             cluster_stale: Gauge::default(),
+            restarts: Counter::default(),
             observations_rejected: Family::default(),
             registry: Registry::default(),
         };
@@ -195,6 +197,11 @@ impl Metrics {
             "cluster_stale",
             "1 while a task of the cluster this pod was given is lost or at another address (the peer watch), else 0",
             m.cluster_stale.clone(),
+        );
+        registry.register(
+            "restarts",
+            "Restarts of CMD by trainlet exec --on-peer-change restart, after a peer was lost or replaced",
+            m.restarts.clone(),
         );
         registry.register(
             "observations",

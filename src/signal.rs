@@ -17,7 +17,7 @@ use signal_hook::SigId;
 use tokio::sync::mpsc;
 
 pub use signal_hook::consts::signal::{
-    SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
+    SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
 };
 
 /// The signals that stop the sidecar.

@@ -10,6 +10,7 @@ use super::defaults;
 use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 use crate::frameworks::Framework;
+use crate::report::restart::OnPeerChange;
 
 /// How to reach the API server and who "self" is.
 #[derive(Debug, Clone, Args)]
@@ -323,6 +324,32 @@ pub struct ExecArgs {
 
     #[command(flatten)]
     pub report_args: ReportArgs,
+
+    /// What to do when a peer of the resolved cluster is lost or replaced at another
+    /// address after the start (exec watches the peers of cluster.json; it needs API
+    /// credentials). `report`: PeerLost/PeerReplaced Events, trainlet.io/cluster
+    /// `stale: …`, health degraded; CMD runs on. `restart`: stop CMD (SIGTERM, then
+    /// SIGKILL after --restart-grace), wait until the cluster is complete again,
+    /// rewrite the files and start CMD again with the new addresses, as every other
+    /// pod of the job does: an in-place group restart without an operator. `exit`:
+    /// stop CMD and exit 7, so that the Job controller replaces the pod. `restart` and
+    /// `exit` imply --report.
+    #[arg(long, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
+    pub on_peer_change: OnPeerChange,
+
+    /// `--on-peer-change restart`: how many restarts; the next change exits 7.
+    #[arg(long, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    pub max_restarts: u32,
+
+    /// How long CMD has between SIGTERM and SIGKILL when it is stopped for a restart
+    /// or an exit on a peer change.
+    #[arg(long, env = "TRAINLET_RESTART_GRACE", value_name = "DURATION", default_value = defaults::RESTART_GRACE)]
+    pub restart_grace: String,
+
+    /// The delay before the first restart; it doubles for each later one, up to 360s
+    /// (the operators' restart backoff).
+    #[arg(long, env = "TRAINLET_RESTART_BACKOFF", value_name = "DURATION", default_value = defaults::RESTART_BACKOFF)]
+    pub restart_backoff: String,
 
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]

@@ -5,6 +5,7 @@
 use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 use crate::logging::LogFormat;
+use crate::report::restart::OnPeerChange;
 
 /// The TensorFlow server port of every task (the resolver's `tf_server_port`).
 pub const PORT: u16 = 8470;
@@ -28,6 +29,14 @@ pub const TIMEOUT: &str = "10m";
 pub const NPROC_PER_NODE: &str = "auto";
 /// The agents of large jobs coordinate.
 pub const COORDINATE: Coordinate = Coordinate::Auto;
+/// `exec`: a peer lost or replaced is reported; CMD runs on.
+pub const ON_PEER_CHANGE: OnPeerChange = OnPeerChange::Report;
+/// `exec --on-peer-change restart`: restarts before exec exits instead.
+pub const MAX_RESTARTS: u32 = 3;
+/// `exec`: between SIGTERM and SIGKILL when CMD is stopped for a restart.
+pub const RESTART_GRACE: &str = "30s";
+/// `exec`: the delay before the first restart (the seeds' operator: 10 s, doubling).
+pub const RESTART_BACKOFF: &str = "10s";
 /// The reporters' probe interval.
 pub const INTERVAL: &str = "5s";
 /// At most one annotation patch per this interval.

@@ -18,7 +18,7 @@ use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
 use super::args::{
-    ClusterArgs, InitArgs, InjectArgs, KubeArgs, OutputArgs, ReportArgs, SidecarArgs,
+    ClusterArgs, ExecArgs, InitArgs, InjectArgs, KubeArgs, OutputArgs, ReportArgs, SidecarArgs,
 };
 use super::defaults;
 use crate::Failure;
@@ -30,6 +30,7 @@ use crate::frameworks::{Elastic, Framework, FrameworkConfig, Nproc, Slots};
 use crate::inject::InjectConfig;
 use crate::kube;
 use crate::report::engine::{Config as ReportConfig, Mode};
+use crate::report::restart::{OnPeerChange, Policy};
 
 /// Parses a duration such as `500ms`, `10s`, `10m` or `1h 30m`; a bare `0` is zero.
 pub fn parse_duration(flag: &str, value: &str) -> Result<Duration, Failure> {
@@ -330,7 +331,65 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
         exit_with_main: false,
         observations: r.observations.clone(),
         cluster_file: None,
+        restart: Policy {
+            on_change: defaults::ON_PEER_CHANGE,
+            max_restarts: defaults::MAX_RESTARTS,
+            grace: parse_duration("--restart-grace", defaults::RESTART_GRACE)?,
+            backoff: parse_duration("--restart-backoff", defaults::RESTART_BACKOFF)?,
+        },
     })
+}
+
+/// `exec --report` (implied by `--on-peer-change restart|exit`): the reporter flags
+/// plus what a peer change does. `cluster_file` is init's cluster.json, the peers to
+/// watch: there already, or (`resolving`) about to be written by exec's own init.
+pub fn exec_report_config(
+    a: &ExecArgs,
+    cluster_file: Option<&Path>,
+    resolving: bool,
+) -> Result<ReportConfig, Failure> {
+    let mut cfg = report_config(Mode::Exec, &a.report_args, &a.init.kube)?;
+    cfg.restart = Policy {
+        on_change: a.on_peer_change,
+        max_restarts: a.max_restarts,
+        grace: parse_duration("--restart-grace", &a.restart_grace)?,
+        backoff: parse_duration("--restart-backoff", &a.restart_backoff)?,
+    };
+    if a.on_peer_change != OnPeerChange::Report {
+        let what = a
+            .on_peer_change
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        if cfg.observations.is_some() {
+            return Err(Failure::usage(format!(
+                "--on-peer-change {what} needs API credentials in this container to watch the peers, and --observations hands reporting to a sidecar that has them; use --on-peer-change report here (the sidecar reports the change)"
+            )));
+        }
+        match cluster_file {
+            _ if resolving => {}
+            Some(f) if has_selectors(f) => {}
+            Some(f) => {
+                return Err(Failure::usage(format!(
+                    "--on-peer-change {what} needs the peers' selectors, and {} names none (written by an older trainlet init): run this version's trainlet init, or let exec resolve (remove tf_config.json and give --job or --selector)",
+                    f.display()
+                )));
+            }
+            None => {
+                return Err(Failure::usage(format!(
+                    "--on-peer-change {what} needs the peers' selectors: there is no cluster.json in --output-dir {} next to tf_config.json; run trainlet init (or let exec resolve: remove tf_config.json and give --job or --selector)",
+                    a.init.output.output_dir.display()
+                )));
+            }
+        }
+    }
+    cfg.cluster_file = cluster_file.map(Path::to_path_buf);
+    Ok(cfg)
+}
+
+/// Whether a cluster.json lists the selectors it was resolved with.
+fn has_selectors(f: &Path) -> bool {
+    crate::tfconfig::read_cluster_file(f).is_ok_and(|c| !c.selectors.is_empty())
 }
 
 /// `sidecar`: the reporter flags plus the ports to watch, the node's cgroups and

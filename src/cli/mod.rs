@@ -36,7 +36,8 @@ use args::{ExecArgs, GpusArgs, InitArgs, InjectArgs, MasterArgs, ResolveArgs, Si
     after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
 for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
 Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
-4 Kubernetes API error, 5 inconsistent peers, 6 port conflict."
+4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer \
+changed and --on-peer-change exit (or restart past --max-restarts) ended CMD."
 )]
 pub struct Cli {
     /// Log format: `text` for people, `json` for log collectors in clusters.

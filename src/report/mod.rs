@@ -18,5 +18,6 @@ pub mod handover;
 pub mod oom;
 pub mod pod;
 pub mod ports;
+pub mod restart;
 pub mod sock_diag;
 pub mod xid;

@@ -18,60 +18,61 @@ const JS_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
 const JS_RJOB: &str = "jobset.sigs.k8s.io/replicatedjob-name";
 const JS_JOB_INDEX: &str = "jobset.sigs.k8s.io/job-index";
 const JS_GLOBAL: &str = "jobset.sigs.k8s.io/job-global-index";
-const INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
-/// A JobSet `js` with one replicated job `workers` of 2 Indexed Jobs × 2 pods, and its
-/// Jobs, as the JobSet controller leaves them. Returns each Job's (name, uid).
-async fn jobset(client: &Client, ns: &str) -> Vec<(String, String)> {
+/// The template of the JobSet's Jobs: 2 Indexed pods each.
+fn job_template() -> Value {
+    json!({
+        "parallelism": 2, "completions": 2, "completionMode": "Indexed", "backoffLimit": 0,
+        "template": {"spec": {"restartPolicy": "Never", "serviceAccountName": "trainlet",
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "trainer", "image": "registry.example/train:1"}]}}
+    })
+}
+
+/// A JobSet `js` with one replicated job `workers` of 2 Indexed Jobs × 2 pods; returns
+/// its uid. There is no JobSet controller: [`jobset_job`] plays it.
+async fn jobset(client: &Client, ns: &str) -> String {
     let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "jobsets");
-    let job_template = json!({
-        "parallelism": 2, "completions": 2, "completionMode": "Indexed", "backoffLimit": 0,
-        "template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "trainer", "image": "registry.example/train:1"}]}}
-    });
     let js: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
         "metadata": {"name": "js"},
         "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2,
-            "template": {"spec": job_template}}]}
+            "template": {"spec": job_template()}}]}
     }))
     .unwrap();
-    let js = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
         .create(&PostParams::default(), &js)
         .await
-        .expect("the JobSet passes the CRD's schema");
-    let mut jobs = Vec::new();
-    for j in 0..2 {
-        let name = format!("js-workers-{j}");
-        let labels = json!({JS_NAME: "js", JS_RJOB: "workers", JS_JOB_INDEX: j.to_string(), JS_GLOBAL: j.to_string()});
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": labels, "annotations": labels,
-                "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                    "name": "js", "uid": js.uid().unwrap(), "controller": true}]},
-            "spec": job_template,
-        }))
-        .unwrap();
-        let job = Api::<Job>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &job)
-            .await
-            .unwrap();
-        jobs.push((name, job.uid().unwrap()));
-    }
-    jobs
+        .expect("the JobSet passes the CRD's schema")
+        .uid()
+        .unwrap()
 }
 
-/// Pod `i` of JobSet Job `j`, labelled as the JobSet and Job controllers label it.
-async fn jobset_pod(client: &Client, ns: &str, jobs: &[(String, String)], j: usize, i: usize) {
-    let (job, uid) = &jobs[j];
-    pod(&format!("{job}-{i}"))
-        .labels(&format!(
-            "{JS_NAME}=js,{JS_RJOB}=workers,{JS_JOB_INDEX}={j},{JS_GLOBAL}={j},{INDEX}={i}"
-        ))
-        .service_account("trainlet")
-        .owned_by("batch/v1", "Job", job, uid)
-        .create(client, ns)
-        .await;
+/// Job `j` of the JobSet, as the JobSet controller makes it (labels on the Job and its
+/// pod template, owned by the JobSet); the real Job controller then makes its pods.
+/// Returns the names of its pods, by index.
+async fn jobset_job(client: &Client, ns: &str, js_uid: &str, j: usize) -> Vec<String> {
+    let name = format!("js-workers-{j}");
+    let labels = json!({JS_NAME: "js", JS_RJOB: "workers", JS_JOB_INDEX: j.to_string(), JS_GLOBAL: j.to_string()});
+    let mut spec = job_template();
+    spec["template"]["metadata"] = json!({"labels": labels, "annotations": labels});
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "annotations": labels,
+            "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "name": "js", "uid": js_uid, "controller": true}]},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let mut names = Vec::new();
+    for i in 0..2 {
+        names.push(crate::support::jobs::wait_job_pod(client, ns, &name, i, &[]).await);
+    }
+    names
 }
 
 /// A replicated job of two Indexed Jobs numbers each Job's pods from 0. trainlet
@@ -86,23 +87,18 @@ async fn jobset_pods_order_by_job_and_count_through_the_jobset() {
     apply_rbac(&ns);
     let dir = tempfile::tempdir().unwrap();
     let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
-    let jobs = jobset(&client, &ns).await;
+    let js = jobset(&client, &ns).await;
     let kubelet = Kubelet::new(&client, &ns);
     let port = free_port().to_string();
-    let names: Vec<String> = (0..4)
-        .map(|n| format!("js-workers-{}-{}", n / 2, n % 2))
-        .collect();
     let outs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
 
     // Only the first Job's pods exist and run: 2 of the 4 the JobSet asks for.
-    for i in 0..2 {
-        jobset_pod(&client, &ns, &jobs, 0, i).await;
-    }
-    let agent = |n: usize| {
+    let mut names = jobset_job(&client, &ns, &js, 0).await;
+    let agent = |n: usize, name: &str| {
         spawn(init_cmd(
             &kc,
             &ns,
-            &names[n],
+            name,
             outs[n].path(),
             &[
                 "--job",
@@ -114,7 +110,7 @@ async fn jobset_pods_order_by_job_and_count_through_the_jobset() {
             ],
         ))
     };
-    let mut agents: Vec<_> = (0..2).map(agent).collect();
+    let mut agents: Vec<_> = (0..2).map(|n| agent(n, &names[n])).collect();
     for (n, ip) in [(0, "10.40.0.1"), (1, "10.40.0.2")] {
         kubelet.run(&names[n], ip).await;
     }
@@ -123,10 +119,8 @@ async fn jobset_pods_order_by_job_and_count_through_the_jobset() {
         agents.iter().all(|a| !a.is_finished()),
         "resolved with 2 of the 4 pods the JobSet asks for"
     );
-    for i in 0..2 {
-        jobset_pod(&client, &ns, &jobs, 1, i).await;
-    }
-    agents.extend((2..4).map(agent));
+    names.extend(jobset_job(&client, &ns, &js, 1).await);
+    agents.extend((2..4).map(|n| agent(n, &names[n])));
     // The second Job's pods turn Running in reverse order.
     for (n, ip) in [(3, "10.40.0.4"), (2, "10.40.0.3")] {
         kubelet.run(&names[n], ip).await;
@@ -528,4 +522,123 @@ async fn elastic_init_completes_with_min_and_the_late_pod_joins_the_rendezvous()
         "{}",
         runs[2].run.stderr
     );
+}
+
+/// A PyTorch cluster re-forms after its master is replaced: an Indexed Job of 3 pods
+/// (the real Job controller) all-reduces; pod 0 is deleted and the controller's
+/// replacement comes up at a new loopback IP; `trainlet exec --on-peer-change restart`
+/// in pods 1 and 2 restarts their CMD with the new MASTER_ADDR, and the three processes
+/// all-reduce again.
+#[tokio::test]
+async fn pytorch_all_reduces_again_after_its_master_is_replaced() {
+    use crate::report_support::{Reporter, rbac_namespace, wait_warning};
+    use crate::support::jobs::*;
+    let Some(py) = python() else { return };
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "reform", dir.path()).await;
+    let port = free_port();
+    let template_port = json!({"template": {"metadata": {"labels": {"role": "worker"}}, "spec": {
+        "restartPolicy": "Never", "automountServiceAccountToken": false,
+        "containers": [{"name": "main", "image": "registry.example/train:1",
+            "ports": [{"name": "fw", "containerPort": port}]}]}}});
+    indexed_job(&client, &ns, "torch", 3, "role=worker", template_port).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let script = format!(
+        r#""{}" "{}" >> "$RANKS"; exec sleep 600"#,
+        py.display(),
+        fixture("torch_allreduce.py")
+    );
+    let outs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |k: usize, pod: &str| {
+        let mut cmd = trainlet();
+        cmd.args(["exec", "--kubeconfig"])
+            .arg(&kc)
+            .args(["--pod-name", pod, "--pod-namespace", &ns, "--output-dir"])
+            .arg(outs[k].path().join("out"))
+            .args([
+                "--job",
+                "worker=role=worker",
+                "--port-name",
+                "fw",
+                "--framework",
+                "pytorch",
+            ])
+            .args([
+                "--on-peer-change",
+                "restart",
+                "--restart-backoff",
+                "1s",
+                "--restart-grace",
+                "5s",
+            ])
+            .args(["--", "sh", "-c", &script])
+            .env("RANKS", outs[k].path().join("ranks"))
+            .env("GLOO_SOCKET_IFNAME", "lo");
+        std::fs::create_dir(outs[k].path().join("out")).unwrap();
+        Reporter::start(cmd)
+    };
+    let ranks = |k: usize| {
+        std::fs::read_to_string(outs[k].path().join("ranks"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let wait_ranks = |k: usize, n: usize| async move {
+        let what = format!("{n} all-reduces of pod {k}");
+        eventually(&what, Duration::from_secs(120), move || async move {
+            (ranks(k).len() >= n).then(|| ranks(k))
+        })
+        .await
+    };
+    let mut names = Vec::new();
+    for i in 0..3 {
+        let name = wait_job_pod(&client, &ns, "torch", i, &[]).await;
+        kubelet.run(&name, &format!("127.0.21.{}", i + 2)).await;
+        names.push(name);
+    }
+    let mut execs: Vec<Reporter> = (0..3).map(|k| start(k, &names[k])).collect();
+    for k in 0..3 {
+        assert_eq!(wait_ranks(k, 1).await, [format!("rank={k} world=3 sum=3")]);
+    }
+
+    // The master's pod is deleted (its container stopped); once the others have stopped
+    // their CMD, the replacement comes up at 127.0.21.9.
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns)
+        .delete(
+            &names[0],
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .unwrap();
+    execs[0].terminate();
+    wait_warning(&client, &ns, "Restarting").await;
+    eventually(
+        "the master port is free",
+        Duration::from_secs(30),
+        || async {
+            std::net::TcpListener::bind(("0.0.0.0", port))
+                .ok()
+                .map(drop)
+        },
+    )
+    .await;
+    let replacement = wait_job_pod(&client, &ns, "torch", 0, &names[..1]).await;
+    kubelet.run(&replacement, "127.0.21.9").await;
+    execs.push(start(3, &replacement));
+
+    assert_eq!(wait_ranks(3, 1).await, ["rank=0 world=3 sum=3"]);
+    for (k, out) in outs.iter().enumerate().take(3).skip(1) {
+        assert_eq!(
+            wait_ranks(k, 2).await,
+            [
+                format!("rank={k} world=3 sum=3"),
+                format!("rank={k} world=3 sum=3")
+            ]
+        );
+        let env = std::fs::read_to_string(out.path().join("out/torch.env")).unwrap();
+        assert!(env.contains("MASTER_ADDR='127.0.21.9'"), "{env}");
+    }
+    delete_namespace(&client, &ns).await;
 }

@@ -484,29 +484,14 @@ async fn timeout_names_the_pending_pod_and_its_reason() {
 async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
     let client = admin().await;
     let ns = namespace(&client, "owner").await;
-    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
-        "metadata": {"name": "w"},
-        "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2, "template": {
-            "metadata": {"labels": {"app": "owned"}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}
-    }))
-    .unwrap();
-    let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &job)
-        .await
-        .unwrap();
-    let uid = job.metadata.uid.unwrap();
+    // The real Job controller makes the pods (owned by the Job); the test runs them.
+    crate::support::jobs::indexed_job(&client, &ns, "w", 2, "app=owned", json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
+    let mut names = Vec::new();
     for i in 0..2 {
-        let name = format!("w-{i}");
-        pod(&name)
-            .labels(&format!(
-                "app=owned,batch.kubernetes.io/job-completion-index={i}"
-            ))
-            .owned_by("batch/v1", "Job", "w", &uid)
-            .create(&client, &ns)
-            .await;
+        let name = crate::support::jobs::wait_job_pod(&client, &ns, "w", i, &[]).await;
         kubelet.run(&name, &format!("10.6.0.{i}")).await;
+        names.push(name);
     }
     // Run as the manifests' ServiceAccount: its Role must allow reading the Job.
     apply_rbac(&ns);
@@ -517,7 +502,7 @@ async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
     let r = run(&mut init_cmd(
         &kc,
         &ns,
-        "w-1",
+        &names[1],
         out.path(),
         &[
             "--job",

@@ -40,6 +40,7 @@ mod hardening;
 mod init;
 mod init_faults;
 mod inject;
+mod lifecycle;
 mod packaging;
 mod peer_watch;
 mod report_gpu;

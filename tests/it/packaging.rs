@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -425,7 +422,14 @@ fn init_command(pod: &Pod, volume_dir: &Path, kubeconfig: &Path) -> Command {
                     "metadata.name" => pod.name_any(),
                     "metadata.namespace" => pod.namespace().unwrap(),
                     "metadata.uid" => pod.uid().unwrap(),
-                    other => panic!("unexpected downward API field {other}"),
+                    // The Job controller adds JOB_COMPLETION_INDEX from the label.
+                    other => match other
+                        .strip_prefix("metadata.labels['")
+                        .and_then(|k| k.strip_suffix("']"))
+                    {
+                        Some(key) => pod.labels()[key].clone(),
+                        None => panic!("unexpected downward API field {other}"),
+                    },
                 }
             }
             _ => panic!("unexpected env {e:?}"),
@@ -435,39 +439,6 @@ fn init_command(pod: &Pod, volume_dir: &Path, kubeconfig: &Path) -> Command {
     cmd.env("TRAINLET_OUTPUT_DIR", volume_dir);
     cmd.env("TRAINLET_KUBECONFIG", kubeconfig);
     cmd
-}
-
-/// A pod of an Indexed Job, as the Job controller makes it from the template.
-fn job_pod(job: &Job, index: usize, suffix: &str) -> Pod {
-    let name = job.name_any();
-    let template = job.spec.as_ref().unwrap().template.clone();
-    let mut meta = template.metadata.unwrap_or_default();
-    let idx = index.to_string();
-    meta.name = Some(format!("{name}-{index}-{suffix}"));
-    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-    labels.insert(
-        "batch.kubernetes.io/job-completion-index".into(),
-        idx.clone(),
-    );
-    labels.insert("batch.kubernetes.io/job-name".into(), name.clone());
-    labels.insert("job-name".into(), name.clone());
-    meta.annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert("batch.kubernetes.io/job-completion-index".into(), idx);
-    meta.owner_references = Some(vec![
-        serde_json::from_value(json!({
-            "apiVersion": "batch/v1", "kind": "Job", "name": name,
-            "uid": job.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
-        }))
-        .unwrap(),
-    ]);
-    let mut spec = template.spec.unwrap();
-    spec.hostname = Some(format!("{name}-{index}"));
-    Pod {
-        metadata: meta,
-        spec: Some(spec),
-        status: None,
-    }
 }
 
 /// Plays the scheduler and kubelet up to the moment `trainlet-init` runs: bound,
@@ -615,11 +586,10 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
     let client = admin().await;
     let ns = restricted_namespace("example").await;
     apply_rbac(&ns);
-    // The Jobs exist (for the expected counts: no --expect in the example), but no Job
-    // controller runs here, so the test creates their pods.
+    // The real Job controller makes the pods; the test schedules them and plays their
+    // kubelet until trainlet-init has run.
     let example = manifests().join("examples/tf-ps-worker.yaml");
     kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let kubelet = Kubelet::new(&client, &ns);
 
@@ -633,12 +603,8 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
     ];
     let mut created = Vec::new();
     for (job, index, ip) in plan {
-        let job_obj = jobs.get(job).await.unwrap();
-        let suffix = format!("x{}", unique().chars().rev().take(4).collect::<String>());
-        let pod = pods
-            .create(&PostParams::default(), &job_pod(&job_obj, index, &suffix))
-            .await
-            .unwrap_or_else(|e| panic!("create pod of {job}/{index}: {e}"));
+        let name = crate::support::jobs::wait_job_pod(&client, &ns, job, index as u32, &[]).await;
+        let pod = pods.get(&name).await.unwrap();
         pending_in_init(&kubelet, &pod, ip).await;
         created.push(pod);
     }
@@ -652,38 +618,6 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
     }
 }
 
-/// A pod of a StatefulSet, as its controller makes it: name `<set>-<i>`, the pod-index
-/// label, and hostname/subdomain for the headless Service's DNS names.
-fn stateful_pod(set: &StatefulSet, index: usize) -> Pod {
-    let name = set.name_any();
-    let spec = set.spec.as_ref().unwrap();
-    let template = spec.template.clone();
-    let mut meta = template.metadata.unwrap_or_default();
-    let pod_name = format!("{name}-{index}");
-    meta.name = Some(pod_name.clone());
-    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-    labels.insert("apps.kubernetes.io/pod-index".into(), index.to_string());
-    labels.insert(
-        "statefulset.kubernetes.io/pod-name".into(),
-        pod_name.clone(),
-    );
-    meta.owner_references = Some(vec![
-        serde_json::from_value(json!({
-            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
-            "uid": set.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
-        }))
-        .unwrap(),
-    ]);
-    let mut pod_spec = template.spec.unwrap();
-    pod_spec.hostname = Some(pod_name);
-    pod_spec.subdomain = spec.service_name.clone();
-    Pod {
-        metadata: meta,
-        spec: Some(pod_spec),
-        status: None,
-    }
-}
-
 #[tokio::test]
 async fn the_statefulset_example_really_resolves_dns_addresses() {
     let client = admin().await;
@@ -691,17 +625,19 @@ async fn the_statefulset_example_really_resolves_dns_addresses() {
     apply_rbac(&ns);
     let example = manifests().join("examples/tf-statefulset.yaml");
     kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let kubelet = Kubelet::new(&client, &ns);
-    let set = sets.get("mnist").await.unwrap();
-    // Created in reverse and with IPs in reverse: neither may leak into the order.
+    // The real StatefulSet controller makes the pods (Parallel); the test runs them in
+    // reverse and with IPs in reverse: neither may leak into the order.
     let mut created = Vec::new();
     for index in (0..3).rev() {
-        let pod = pods
-            .create(&PostParams::default(), &stateful_pod(&set, index))
-            .await
-            .unwrap();
+        let name = format!("mnist-{index}");
+        let pod = eventually(
+            &format!("the StatefulSet controller's pod {name}"),
+            Duration::from_secs(30),
+            || async { pods.get_opt(&name).await.ok().flatten() },
+        )
+        .await;
         pending_in_init(&kubelet, &pod, &format!("10.9.0.{}", 10 - index)).await;
         created.push(pod);
     }
@@ -889,4 +825,93 @@ fn write_temp(text: &str) -> PathBuf {
     let p = dir.join("in.yaml");
     std::fs::write(&p, text).unwrap();
     p
+}
+
+/// Plays the kubelet for a pod that ended: Failed, with the exit code of `container`
+/// (an init container or the training container).
+async fn failed_with(kubelet: &Kubelet, pod: &Pod, container: &str, code: i32, reason: &str) {
+    let name = pod.name_any();
+    let now = now();
+    let spec = pod.spec.as_ref().unwrap();
+    let status = |c: &Container| {
+        let state = if c.name == container {
+            json!({"terminated": {"exitCode": code, "reason": reason, "startedAt": now, "finishedAt": now}})
+        } else {
+            json!({"waiting": {"reason": "PodInitializing"}})
+        };
+        json!({"name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "",
+               "ready": false, "restartCount": 0, "state": state})
+    };
+    kubelet.bind(&name, "node-a").await;
+    kubelet
+        .status(
+            &name,
+            json!({
+                "phase": "Failed",
+                "initContainerStatuses": spec.init_containers.iter().flatten().map(status).collect::<Vec<_>>(),
+                "containerStatuses": spec.containers.iter().map(status).collect::<Vec<_>>(),
+            }),
+        )
+        .await;
+}
+
+/// The failure-policy example under the real Job controller: CMD killed by SIGKILL
+/// (137, what an OOM kill gives) is retried with a new pod; trainlet-init exiting 2 (a
+/// configuration that cannot work) fails the whole Job at once.
+#[tokio::test]
+async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init() {
+    use crate::support::jobs::*;
+    let client = admin().await;
+    let ns = restricted_namespace("failpolicy").await;
+    apply_rbac(&ns);
+    let example = manifests().join("examples/failure-policy-job.yaml");
+    kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let kubelet = Kubelet::new(&client, &ns);
+
+    // Index 1: the training command dies of SIGKILL; trainlet exec passes 137 on.
+    let first = wait_job_pod(&client, &ns, "mnist", 1, &[]).await;
+    let files = tempfile::tempdir().unwrap();
+    crate::report_support::write_tf_config(files.path(), free_port());
+    let r = run(trainlet()
+        .args(["exec", "--report", "--output-dir"])
+        .arg(files.path())
+        .args(["--", "sh", "-c", "kill -9 $$"]));
+    assert_eq!(r.code, 137, "{}", r.stderr);
+    let pod = pods.get(&first).await.unwrap();
+    failed_with(&kubelet, &pod, "tensorflow", r.code, "OOMKilled").await;
+    let second = wait_job_pod(&client, &ns, "mnist", 1, std::slice::from_ref(&first)).await;
+    assert_ne!(second, first);
+    let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .get("mnist")
+        .await
+        .unwrap();
+    let status = job.status.unwrap();
+    assert_eq!(status.failed, Some(1));
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Failed"),
+        "{:?}",
+        status.conditions
+    );
+
+    // Index 0: trainlet-init, from the pod's own command line, with a flag that cannot
+    // work: exit 2, and the Job fails at once.
+    let name = wait_job_pod(&client, &ns, "mnist", 0, &[]).await;
+    let pod = pods.get(&name).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
+    let volume = dir.path().join("volume");
+    std::fs::create_dir(&volume).unwrap();
+    let r = run(init_command(&pod, &volume, &kc).arg("--timeout=soon"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    failed_with(&kubelet, &pod, "trainlet-init", r.code, "Error").await;
+    assert_eq!(
+        wait_job_condition(&client, &ns, "mnist", "Failed").await,
+        "PodFailurePolicy"
+    );
+    delete_namespace(&client, &ns).await;
 }

@@ -1,7 +1,7 @@
 //! After the start: the sidecar watches the peers of the cluster `trainlet init`
 //! resolved (cluster.json) and says when a task's pod is lost or replaced at another
-//! address. The test plays the Job controller (deleting and replacing pod 1 with the
-//! same Job labels and completion index) and the kubelet (its IPs).
+//! address. The real Job controller replaces the deleted pod 1; the test plays the
+//! scheduler and the kubelet (the pods' IPs).
 
 use std::time::Duration;
 
@@ -10,34 +10,31 @@ use kube::Api;
 use kube::api::DeleteParams;
 
 use crate::report_support::*;
+use crate::support::jobs::*;
 use crate::support::*;
-
-fn worker(i: usize, name: &str) -> PodSpec {
-    pod(name).labels(&format!(
-        "app=w,batch.kubernetes.io/job-name=w,batch.kubernetes.io/job-completion-index={i}"
-    ))
-}
 
 #[tokio::test]
 async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns() {
     let client = admin().await;
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(&client, "peers", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
+    let mut names = Vec::new();
     for i in 0..3 {
-        worker(i, &format!("w-{i}-a")).create(&client, &ns).await;
-        kubelet
-            .run(&format!("w-{i}-a"), &format!("10.7.0.{}", 2 + i))
-            .await;
+        let name = wait_job_pod(&client, &ns, "w", i, &[]).await;
+        kubelet.run(&name, &format!("10.7.0.{}", 2 + i)).await;
+        names.push(name);
     }
+    let (w0, w1) = (names[0].as_str(), names[1].as_str());
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
     let r = run(&mut init_cmd(
         &kc,
         &ns,
-        "w-0-a",
+        w0,
         &out,
-        &["--job", "worker=app=w", "--expect", "worker=3"],
+        &["--job", "worker=app=w"],
     ));
     assert_eq!(r.code, 0, "{}", r.stderr);
     let cluster_file = out.join("cluster.json");
@@ -48,11 +45,11 @@ async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns()
     let sidecar = Reporter::start(sidecar_cmd(
         &kc,
         &ns,
-        "w-0-a",
+        w0,
         &["--cluster-file", cluster_file.to_str().unwrap()],
     ));
-    wait_annotation(&client, &ns, "w-0-a", "trainlet.io/cluster", "current").await;
-    wait_annotation(&client, &ns, "w-0-a", "trainlet.io/health", "ok").await;
+    wait_annotation(&client, &ns, w0, "trainlet.io/cluster", "current").await;
+    wait_annotation(&client, &ns, w0, "trainlet.io/health", "ok").await;
     assert_eq!(
         metric(&sidecar.metrics().await, "trainlet_cluster_stale"),
         Some(0.0)
@@ -60,52 +57,53 @@ async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns()
 
     // Pod 1 is deleted (and, with no kubelet to confirm, stays terminating): lost.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    pods.delete("w-1-a", &DeleteParams::default().grace_period(0))
+    pods.delete(w1, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     let lost = wait_warning(&client, &ns, "PeerLost").await;
     // Seen while terminating, or once gone: the watch may see either first.
     assert!(
         [
-            "task worker/1 (10.7.0.3) has no live pod: pod w-1-a is being deleted; the cluster this pod was given is stale",
-            "task worker/1 (10.7.0.3) has no live pod: pod w-1-a is gone; the cluster this pod was given is stale",
+            format!("task worker/1 (10.7.0.3) has no live pod: pod {w1} is being deleted; the cluster this pod was given is stale"),
+            format!("task worker/1 (10.7.0.3) has no live pod: pod {w1} is gone; the cluster this pod was given is stale"),
         ]
-        .contains(&lost.as_str()),
+        .contains(&lost),
         "{lost}"
     );
     wait_annotation(
         &client,
         &ns,
-        "w-0-a",
+        w0,
         "trainlet.io/cluster",
         "stale: worker/1 10.7.0.3 → none",
     )
     .await;
-    wait_annotation(&client, &ns, "w-0-a", "trainlet.io/health", "degraded").await;
+    wait_annotation(&client, &ns, w0, "trainlet.io/health", "degraded").await;
     assert_eq!(
         metric(&sidecar.metrics().await, "trainlet_cluster_stale"),
         Some(1.0)
     );
 
     // The Job controller's replacement of index 1 comes up at a new IP.
-    worker(1, "w-1-b").create(&client, &ns).await;
-    kubelet.run("w-1-b", "10.7.0.13").await;
+    let w1b = wait_job_pod(&client, &ns, "w", 1, &[w1.to_string()]).await;
+    kubelet.run(&w1b, "10.7.0.13").await;
     let replaced = wait_warning(&client, &ns, "PeerReplaced").await;
     assert_eq!(
         replaced,
-        "task worker/1 moved: 10.7.0.3 → 10.7.0.13 (pod w-1-b); the cluster this pod was given is stale"
+        format!(
+            "task worker/1 moved: 10.7.0.3 → 10.7.0.13 (pod {w1b}); the cluster this pod was given is stale"
+        )
     );
     wait_annotation(
         &client,
         &ns,
-        "w-0-a",
+        w0,
         "trainlet.io/cluster",
         "stale: worker/1 10.7.0.3 → 10.7.0.13",
     )
     .await;
     let report: serde_json::Value =
-        serde_json::from_str(&annotations(&client, &ns, "w-0-a").await["trainlet.io/report"])
-            .unwrap();
+        serde_json::from_str(&annotations(&client, &ns, w0).await["trainlet.io/report"]).unwrap();
     assert_eq!(
         report["reasons"],
         serde_json::json!([
@@ -114,9 +112,9 @@ async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns()
     );
 
     // The old address returns: current again, and ok.
-    kubelet.running("w-1-b", "10.7.0.3").await;
-    wait_annotation(&client, &ns, "w-0-a", "trainlet.io/cluster", "current").await;
-    wait_annotation(&client, &ns, "w-0-a", "trainlet.io/health", "ok").await;
+    kubelet.running(&w1b, "10.7.0.3").await;
+    wait_annotation(&client, &ns, w0, "trainlet.io/cluster", "current").await;
+    wait_annotation(&client, &ns, w0, "trainlet.io/health", "ok").await;
     assert_eq!(
         metric(&sidecar.metrics().await, "trainlet_cluster_stale"),
         Some(0.0)
@@ -128,4 +126,5 @@ async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns()
         ["PeerLost", "PeerReplaced"],
         "{w:?}"
     );
+    delete_namespace(&client, &ns).await;
 }

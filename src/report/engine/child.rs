@@ -5,6 +5,7 @@
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use tracing::{debug, info};
 
+use crate::report::oom::procs;
 use crate::signal;
 
 /// The running command.
@@ -61,6 +62,17 @@ impl Child {
             }
         }
     }
+}
+
+/// The live processes under trainlet: CMD's tree and the orphans of it that were
+/// re-parented to trainlet. Zombies are left out: [`Child::reap`] takes them.
+pub fn descendants() -> Vec<u32> {
+    let procs = procs::all_processes(std::path::Path::new("/proc"), procs::page_size());
+    procs::descendants(&procs, std::process::id())
+        .into_values()
+        .filter(|p| p.state != 'Z')
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// CMD could not be started: shell-compatible codes, 127 when it was not found, 126

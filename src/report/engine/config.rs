@@ -10,6 +10,7 @@ use super::child::SpawnError;
 use crate::Code;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::MetricsError;
+use crate::report::restart::Policy;
 
 /// Which way the reporters run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +53,11 @@ pub struct Config {
     /// The handover directory: exec writes its observations there instead of
     /// publishing them; the sidecar reads them and publishes for both.
     pub observations: Option<PathBuf>,
-    /// Sidecar: `cluster.json`, whose peers it watches after the start.
+    /// `cluster.json`, whose peers the sidecar (and exec, with API credentials) watch
+    /// after the start.
     pub cluster_file: Option<PathBuf>,
+    /// Exec: what a peer lost or replaced does to CMD.
+    pub restart: Policy,
 }
 
 #[derive(Debug, Error)]
@@ -66,6 +70,9 @@ pub enum ReportError {
     Spawn(#[from] SpawnError),
     #[error("cannot handle signals: {0}")]
     Signals(std::io::Error),
+    /// The restart's wait for the cluster, or its files, failed.
+    #[error("restarting after a peer change: {0}")]
+    Respawn(crate::Failure),
 }
 
 impl ReportError {
@@ -75,6 +82,7 @@ impl ReportError {
             ReportError::Metrics(e) => e.code(),
             ReportError::Spawn(e) => e.code(),
             ReportError::Signals(_) => Code::Internal,
+            ReportError::Respawn(f) => f.code,
         }
     }
 }

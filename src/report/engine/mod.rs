@@ -44,6 +44,7 @@ use crate::report::gpu::{GpuInfo, GpuProbe, GpuStatus};
 use crate::report::gpu_events::{self, GpuEvent};
 use crate::report::oom::{self, OomKill};
 use crate::report::pod::{self, PodView};
+use crate::report::restart::{self, Decision, OnPeerChange};
 use crate::report::xid::XidLedger;
 use crate::signal::{self, Signals};
 use child::{Child, SpawnError};
@@ -71,6 +72,8 @@ pub struct Engine {
     warned_no_container: bool,
     child: Option<Child>,
     stop: bool,
+    /// Exec: a stop signal was forwarded to CMD.
+    terminating: bool,
     /// The most GPUs NVML has shown at once: fewer later means GPUs were lost.
     gpus_seen: u32,
     gpu_lost: Option<String>,
@@ -97,8 +100,12 @@ impl Engine {
             (Mode::Sidecar, Some(dir)) => (None, Some(handover::Inbox::new(dir))),
             (_, None) => (None, None),
         };
-        let peers = match (cfg.mode, &cfg.cluster_file) {
-            (Mode::Sidecar, Some(f)) => peer_watch::PeerWatch::load(f),
+        // exec watches its peers itself only where it holds API credentials; handing
+        // over, the sidecar does.
+        let peers = match (cfg.mode, &cfg.cluster_file, &cfg.observations) {
+            (Mode::Sidecar, Some(f), _) | (Mode::Exec, Some(f), None) => {
+                peer_watch::PeerWatch::load(f)
+            }
             _ => None,
         };
         Engine {
@@ -127,6 +134,7 @@ impl Engine {
             warned_no_container: false,
             child: None,
             stop: false,
+            terminating: false,
             gpus_seen: 0,
             gpu_lost: None,
             xids: XidLedger::default(),
@@ -389,7 +397,12 @@ impl Engine {
             tokio::select! {
                 sig = signals.recv() => match (sig, &self.child) {
                     (Some(signal::SIGCHLD), _) => self.reap(),
-                    (Some(s), Some(child)) => child.forward(s),
+                    (Some(s), Some(child)) => {
+                        child.forward(s);
+                        // The kubelet stops the container: CMD's exit ends exec, and
+                        // no peer change restarts it.
+                        self.terminating |= signal::STOP.contains(&s);
+                    }
                     (Some(s), None) => {
                         info!("{}: stopping", signal::name(s));
                         self.stop = true;
@@ -451,9 +464,85 @@ impl Engine {
                     self.outbox.send(&self.metrics, &self.ready).await;
                 }
             }
-            if self.stop || self.child.as_ref().is_some_and(|c| c.exit.is_some()) {
+            if self.stop
+                || self.child.as_ref().is_some_and(|c| c.exit.is_some())
+                || self.act_on_stale().is_some()
+            {
                 break;
             }
+        }
+    }
+
+    /// Exec with `--on-peer-change restart|exit`: the stale cluster to act on, while
+    /// CMD runs.
+    fn act_on_stale(&self) -> Option<String> {
+        if self.cfg.mode != Mode::Exec || self.cfg.restart.on_change == OnPeerChange::Report {
+            return None;
+        }
+        let drift = self.peers.as_ref()?.drift.as_deref()?;
+        let text = crate::cluster::drift::annotation(drift);
+        (text != "current").then_some(text)
+    }
+
+    /// Stops CMD for a restart or an exit: SIGTERM, then SIGKILL after `grace`, to CMD
+    /// and to whatever of its tree is left (orphans are trainlet's children, as it is
+    /// their subreaper), so that nothing of the old CMD holds a port or a GPU when the
+    /// new one starts. A stop signal meanwhile is forwarded and ends exec afterwards.
+    async fn stop_child(&mut self, signals: &mut Signals, grace: Duration) {
+        let Some(child) = &self.child else { return };
+        child.forward(signal::SIGTERM);
+        info!(pid = child.pid, "stopping the command: SIGTERM");
+        let deadline = Instant::now() + grace;
+        let mut killed = false;
+        loop {
+            self.reap();
+            let left = child::descendants();
+            let cmd_done = self.child.as_ref().is_none_or(|c| c.exit.is_some());
+            if cmd_done && left.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline && !killed {
+                info!(
+                    pids = ?left,
+                    "the command did not stop within --restart-grace {grace:?}; sending SIGKILL"
+                );
+                for pid in &left {
+                    let _ = signal::send(*pid, signal::SIGKILL);
+                }
+                killed = true;
+            }
+            tokio::select! {
+                sig = signals.recv() => match sig {
+                    Some(signal::SIGCHLD) | None => {}
+                    Some(s) => {
+                        for pid in &left {
+                            let _ = signal::send(*pid, s);
+                        }
+                        if signal::STOP.contains(&s) {
+                            self.stop = true;
+                        }
+                    }
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// Starts CMD (again, after a restart).
+    fn spawn(&mut self, cmd: std::process::Command, program: &str) -> Result<(), SpawnError> {
+        let child = Child::spawn(cmd).map_err(|source| SpawnError {
+            program: program.to_string(),
+            source,
+        })?;
+        info!(pid = child.pid, "started {program}");
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Starts the peer watch, where there is one and a connection to the API server.
+    fn start_peer_watch(&mut self) {
+        if let (Some(peers), Some(link)) = (self.peers.as_mut(), self.link.as_ref()) {
+            peers.start(&link.client, &link.id.namespace);
         }
     }
 
@@ -498,9 +587,7 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     }
     engine.watch_gpu_events();
     engine.watch_observations();
-    if let (Some(peers), Some(link)) = (engine.peers.as_mut(), engine.link.as_ref()) {
-        peers.start(&link.client, &link.id.namespace);
-    }
+    engine.start_peer_watch();
     engine.run_loop(&mut signals).await;
     engine.stop_gpu_events();
     engine.outbox.flush(&engine.metrics, &engine.ready).await;
@@ -517,14 +604,26 @@ async fn next_gpu_event(
     }
 }
 
+/// exec `--on-peer-change restart`: waits until the cluster is complete again, writes
+/// the files and returns CMD with its new environment. The command layer makes it (it
+/// is the init workflow), so that the engine knows nothing of resolving.
+pub type Respawn = Box<
+    dyn FnMut() -> futures::future::LocalBoxFuture<
+        'static,
+        Result<std::process::Command, crate::Failure>,
+    >,
+>;
+
 /// `trainlet exec --report`: runs CMD as a child and reports until it exits. Returns
 /// CMD's exit code, or 128+signal. `own_port` is the task's server port from TF_CONFIG,
-/// the port CMD is about to listen on.
+/// the port CMD is about to listen on. With `--on-peer-change restart|exit`, a peer lost
+/// or replaced stops CMD: `respawn` starts it again.
 pub async fn exec(
     mut cfg: Config,
     cmd: std::process::Command,
     program: &str,
     own_port: Option<u16>,
+    mut respawn: Respawn,
 ) -> Result<Ended, ReportError> {
     cfg.ports.extend(own_port);
     let mut engine = Engine::new(cfg);
@@ -547,12 +646,7 @@ pub async fn exec(
         }
     }
 
-    let child = Child::spawn(cmd).map_err(|source| SpawnError {
-        program: program.to_string(),
-        source,
-    })?;
-    info!(pid = child.pid, "started {program}");
-    engine.child = Some(child);
+    engine.spawn(cmd, program)?;
 
     if engine.outgoing.is_some() {
         // The sidecar publishes: this container needs (and has) no API credentials.
@@ -570,10 +664,72 @@ pub async fn exec(
         _ => engine.container_name(),
     };
     engine.oom.name_own(name);
+    engine.start_peer_watch();
     engine.reap();
     engine.watch_gpu_events();
-    if engine.child.as_ref().is_some_and(|c| c.exit.is_none()) {
-        engine.run_loop(&mut signals).await;
+    let mut restarts = 0;
+    let mut why = None;
+    loop {
+        if engine.child.as_ref().is_some_and(|c| c.exit.is_none()) {
+            engine.run_loop(&mut signals).await;
+        }
+        if engine.stop {
+            break;
+        }
+        let Some(stale) = engine.act_on_stale() else {
+            break;
+        };
+        if engine.terminating {
+            let grace = engine.cfg.restart.grace;
+            engine.stop_child(&mut signals, grace).await;
+            break;
+        }
+        // CMD ended well: the job's work is done, whatever its peers do now.
+        if engine.child.as_ref().and_then(|c| c.exit) == Some(0) {
+            break;
+        }
+        let policy = engine.cfg.restart.clone();
+        match restart::decide(&policy, restarts, &stale) {
+            Decision::Report => break,
+            Decision::Exit { why: w } => {
+                warn!("{w}");
+                engine.stop_child(&mut signals, policy.grace).await;
+                why = Some(w);
+                break;
+            }
+            Decision::Restart { n, of, delay } => {
+                let note = format!(
+                    "restarting {program} ({n} of {of}) in {}: the cluster changed ({stale})",
+                    humantime::format_duration(delay)
+                );
+                warn!("{note}");
+                engine.outbox.push(("Restarting", note.clone()), true);
+                engine.outbox.flush(&engine.metrics, &engine.ready).await;
+                engine.stop_child(&mut signals, policy.grace).await;
+                if engine.stop {
+                    break;
+                }
+                let next = tokio::select! {
+                    next = async {
+                        tokio::time::sleep(delay).await;
+                        respawn().await
+                    } => next,
+                    _ = wait_for_stop(&mut signals) => break,
+                };
+                let cmd = next.map_err(ReportError::Respawn)?;
+                restarts = n;
+                engine.metrics.restarts.inc();
+                engine.spawn(cmd, program)?;
+                // The new cluster is the one to watch from now on.
+                engine.peers = engine
+                    .cfg
+                    .cluster_file
+                    .as_deref()
+                    .and_then(peer_watch::PeerWatch::load);
+                engine.start_peer_watch();
+                engine.evaluate();
+            }
+        }
     }
     engine.stop_gpu_events();
     // CMD is gone: one last look at the counters (CMD itself may have been the
@@ -584,27 +740,49 @@ pub async fn exec(
     }
     engine.outbox.flush(&engine.metrics, &engine.ready).await;
     let oom = engine.oom.ledger.kills.last().map(OomKill::message);
-    let code = engine
-        .child
-        .as_ref()
-        .and_then(|c| c.exit)
-        .unwrap_or(Code::Internal as i32);
+    let code = match &why {
+        Some(_) => Code::PeerChanged as i32,
+        None => engine
+            .child
+            .as_ref()
+            .and_then(|c| c.exit)
+            .unwrap_or(Code::Internal as i32),
+    };
     engine.hand_over(Some(code));
-    Ok(Ended { code, oom })
+    Ok(Ended { code, oom, why })
+}
+
+/// Resolves on the first stop signal (SIGTERM, SIGINT) while CMD is not running.
+async fn wait_for_stop(signals: &mut Signals) {
+    loop {
+        match signals.recv().await {
+            Some(s) if signal::STOP.contains(&s) => {
+                info!("{}: stopping", signal::name(s));
+                return;
+            }
+            None => return,
+            Some(_) => {}
+        }
+    }
 }
 
 /// How CMD ended under `exec --report`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ended {
-    /// CMD's exit code, or 128+signal.
+    /// CMD's exit code, or 128+signal; [`Code::PeerChanged`] when exec stopped it.
     pub code: i32,
     /// The last OOM kill among CMD's processes, if there was one.
     pub oom: Option<String>,
+    /// Why exec stopped CMD and exits, if it did.
+    pub why: Option<String>,
 }
 
 impl Ended {
     /// Why CMD ended, for the termination message; `None` when it succeeded.
     pub fn reason(&self, program: &str) -> Option<String> {
+        if let Some(why) = &self.why {
+            return Some(why.clone());
+        }
         if self.code == 0 {
             return None;
         }
@@ -632,6 +810,7 @@ mod tests {
         let ended = |code, oom: Option<&str>| Ended {
             code,
             oom: oom.map(String::from),
+            why: None,
         };
         assert_eq!(ended(0, None).reason("python"), None);
         assert_eq!(

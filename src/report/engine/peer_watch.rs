@@ -63,9 +63,12 @@ impl PeerWatch {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        // The own task is left out: when the own pod goes, so does this watch, and
+        // its containers are not to restart for it.
         let resolved = file
             .peers
             .iter()
+            .filter(|p| p.task_type != file.task.task_type || p.index != file.task.index)
             .map(|p| Resolved {
                 task_type: p.task_type.clone(),
                 index: p.index,

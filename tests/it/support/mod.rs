@@ -1,12 +1,16 @@
-//! Test support shared by every integration test: a real kube-apiserver and etcd on
-//! 127.0.0.1 (started by `tests/control-plane/up`), a fresh namespace per test, pods
+//! Test support shared by every integration test: a real kube-apiserver, etcd and
+//! kube-controller-manager on 127.0.0.1 (started by `tests/control-plane/up`), a fresh
+//! namespace per test, pods
 //! from short specs, a kubelet player that writes pod status, the manifests' RBAC with a
 //! minted ServiceAccount token, and the built `trainlet` binary as a subprocess.
 //!
 //! Nothing here is a mock: the API server enforces RBAC, admission, validation and
-//! watch semantics exactly as in a cluster. There is no kubelet, scheduler or
-//! controller-manager, so the tests play those parts.
+//! watch semantics exactly as in a cluster, and the Job, StatefulSet, namespace and
+//! ServiceAccount controllers act as in one ([`jobs`]). There is no kubelet and no
+//! scheduler, so the tests play those parts.
 #![allow(dead_code)]
+
+pub mod jobs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -99,8 +103,8 @@ pub fn unique() -> String {
     )
 }
 
-/// A fresh namespace, with its `default` ServiceAccount (no controller-manager creates
-/// it here, and the ServiceAccount admission plugin requires it for pods).
+/// A fresh namespace, once the real ServiceAccount controller has made its `default`
+/// ServiceAccount (the ServiceAccount admission plugin requires it for pods).
 pub async fn namespace(client: &Client, prefix: &str) -> String {
     namespace_with_labels(client, prefix, &[]).await
 }
@@ -121,13 +125,40 @@ pub async fn namespace_with_labels(
         .create(&PostParams::default(), &ns)
         .await
         .expect("create namespace");
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &name)
-        .create(&PostParams::default(), &sa)
-        .await
-        .expect("create default service account");
+    let sas = Api::<ServiceAccount>::namespaced(client.clone(), &name);
+    eventually(
+        "the ServiceAccount controller makes the default ServiceAccount",
+        Duration::from_secs(30),
+        || async { sas.get_opt("default").await.ok().flatten() },
+    )
+    .await;
     name
+}
+
+/// Deletes a namespace and waits until the namespace controller has removed it and
+/// everything in it. The test plays the kubelet that confirms its pods are gone (a
+/// bound pod is deleted gracefully, and only a kubelet ends that).
+pub async fn delete_namespace(client: &Client, name: &str) {
+    let api = Api::<Namespace>::all(client.clone());
+    api.delete(name, &Default::default())
+        .await
+        .expect("delete namespace");
+    let pods = Api::<Pod>::namespaced(client.clone(), name);
+    eventually("the namespace is gone", Duration::from_secs(60), || async {
+        for p in pods
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let now = kube::api::DeleteParams::default().grace_period(0);
+            let _ = pods
+                .delete(p.metadata.name.as_deref().unwrap_or_default(), &now)
+                .await;
+        }
+        matches!(api.get_opt(name).await, Ok(None)).then_some(())
+    })
+    .await;
 }
 
 /// A pod from a short spec. Build it, then `create` it.

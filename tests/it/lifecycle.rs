@@ -1,0 +1,375 @@
+//! After the start, with the real Job controller: a pod of an Indexed Job is deleted or
+//! fails, the controller replaces it at a new IP, and `trainlet exec
+//! --on-peer-change` in the other pods restarts CMD with the new cluster (`restart`),
+//! only reports it (`report`), or exits so that the pod is replaced (past
+//! `--max-restarts`). The test plays the scheduler and the kubelet: it binds the
+//! controller's pods, gives them IPs and runs one `trainlet exec` per pod, as the
+//! container's main process.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+
+use crate::report_support::*;
+use crate::support::jobs::*;
+use crate::support::*;
+
+/// One pod's container: `trainlet exec` and what its CMD wrote at each start.
+struct Member {
+    pod: String,
+    exec: Reporter,
+    starts: PathBuf,
+    termination: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Member {
+    /// Each start of CMD is one line: the time it started and its TF_CONFIG.
+    fn starts(&self) -> Vec<(f64, String)> {
+        std::fs::read_to_string(&self.starts)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let (t, tf) = l.split_once(' ').unwrap();
+                (t.parse().unwrap(), tf.to_string())
+            })
+            .collect()
+    }
+
+    async fn wait_starts(&self, n: usize) -> Vec<(f64, String)> {
+        eventually(
+            &format!("{n} starts of CMD in pod {}", self.pod),
+            Duration::from_secs(90),
+            || async { (self.starts().len() >= n).then(|| self.starts()) },
+        )
+        .await
+    }
+}
+
+/// Starts `trainlet exec` for a pod, as its container would: it resolves (nothing was
+/// written yet), then runs CMD.
+fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Member {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let starts = dir.path().join("starts");
+    let termination = dir.path().join("termination-log");
+    std::fs::write(&termination, "").unwrap();
+    let port = port.to_string();
+    let mut args = vec!["--job", "worker=app=w", "--port", &port];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
+    ]);
+    let mut cmd = exec_cmd(kc, ns, pod, &out, &args);
+    cmd.env("STARTS", &starts)
+        .env("TRAINLET_TERMINATION_LOG", &termination);
+    Member {
+        pod: pod.to_string(),
+        exec: Reporter::start(cmd),
+        starts,
+        termination,
+        _dir: dir,
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The Warning Events about one pod, as (reason, note), oldest first.
+async fn warnings_of(client: &kube::Client, ns: &str, pod: &str) -> Vec<(String, String)> {
+    let mut v: Vec<_> = events(client, ns)
+        .await
+        .into_iter()
+        .filter(|(t, _, _, regarding)| t == "Warning" && regarding == pod)
+        .map(|(_, r, n, _)| (r, n))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A 3-pod Indexed Job whose pods run, each with its `trainlet exec`.
+async fn job_of_three(
+    client: &kube::Client,
+    kc: &Path,
+    ns: &str,
+    extra: &[&str],
+) -> (Kubelet, u16, Vec<Member>) {
+    indexed_job(client, ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let kubelet = Kubelet::new(client, ns);
+    let port = free_port();
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let pod = wait_job_pod(client, ns, "w", i, &[]).await;
+        kubelet.run(&pod, &format!("10.9.0.{}", 10 + i)).await;
+        members.push(start_member(kc, ns, &pod, port, extra));
+    }
+    for m in &members {
+        let starts = m.wait_starts(1).await;
+        assert!(starts[0].1.contains("\"10.9.0.11:"), "{}", starts[0].1);
+    }
+    (kubelet, port, members)
+}
+
+/// The kubelet's part when a pod is deleted: the container gets SIGTERM.
+async fn delete_pod(client: &kube::Client, ns: &str, m: &mut Member) {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .delete(&m.pod, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    m.exec.terminate();
+}
+
+#[tokio::test]
+async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "restart", dir.path()).await;
+    let flags = [
+        "--on-peer-change",
+        "restart",
+        "--max-restarts",
+        "2",
+        "--restart-backoff",
+        "1s",
+        "--restart-grace",
+        "5s",
+    ];
+    let (kubelet, port, mut members) = job_of_three(&client, &kc, &ns, &flags).await;
+    let (p0, p2) = (members[0].pod.clone(), members[2].pod.clone());
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+
+    // Pod 1 is deleted; the real Job controller replaces it, and the test gives the
+    // replacement a new IP.
+    let first = members[1].pod.clone();
+    delete_pod(&client, &ns, &mut members[1]).await;
+    let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
+    kubelet.run(&replacement, "10.9.0.21").await;
+    members[1] = start_member(&kc, &ns, &replacement, port, &flags);
+
+    for i in [0, 2] {
+        let starts = members[i].wait_starts(2).await;
+        assert!(starts[1].1.contains("\"10.9.0.21:"), "{}", starts[1].1);
+        assert!(!starts[1].1.contains("10.9.0.11"), "{}", starts[1].1);
+    }
+    assert_eq!(members[1].wait_starts(1).await.len(), 1);
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+    for m in [&members[0], &members[2]] {
+        let text = m.exec.metrics().await;
+        assert_eq!(
+            metric(&text, "trainlet_restarts_total"),
+            Some(1.0),
+            "{}",
+            m.pod
+        );
+        assert_eq!(
+            metric(&text, "trainlet_cluster_stale"),
+            Some(0.0),
+            "{}",
+            m.pod
+        );
+    }
+    for pod in [&p0, &p2] {
+        let w = warnings_of(&client, &ns, pod).await;
+        assert_eq!(
+            w.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+            ["PeerLost", "Restarting"],
+            "{pod}: {w:?}"
+        );
+        // Seen while terminating, or once gone: the watch may see either first.
+        assert!(
+            [
+                format!("task worker/1 (10.9.0.11) has no live pod: pod {first} is being deleted; the cluster this pod was given is stale"),
+                format!("task worker/1 (10.9.0.11) has no live pod: pod {first} is gone; the cluster this pod was given is stale"),
+            ]
+            .contains(&w[0].1),
+            "{}",
+            w[0].1
+        );
+        assert_eq!(
+            w[1].1,
+            "restarting sh (1 of 2) in 1s: the cluster changed (stale: worker/1 10.9.0.11 → none)"
+        );
+    }
+
+    // The replacement keeps failing: the next restart waits twice as long, and the one
+    // after --max-restarts 2 ends exec with 7 and says why.
+    let failed_at = unix_now();
+    kubelet.phase(&replacement, "Failed").await;
+    members[1].exec.terminate();
+    let second = wait_job_pod(&client, &ns, "w", 1, &[first.clone(), replacement.clone()]).await;
+    kubelet.run(&second, "10.9.0.31").await;
+    members[1] = start_member(&kc, &ns, &second, port, &flags);
+    for i in [0, 2] {
+        let starts = members[i].wait_starts(3).await;
+        assert!(starts[2].1.contains("\"10.9.0.31:"), "{}", starts[2].1);
+        assert!(
+            starts[2].0 - failed_at >= 2.0,
+            "restart 2 came {:.2}s after the failure, before its 2s backoff",
+            starts[2].0 - failed_at
+        );
+    }
+    let notes: Vec<String> = warnings_of(&client, &ns, &p0)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "Restarting")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            "restarting sh (1 of 2) in 1s: the cluster changed (stale: worker/1 10.9.0.11 → none)",
+            "restarting sh (2 of 2) in 2s: the cluster changed (stale: worker/1 10.9.0.21 → none)",
+        ]
+    );
+
+    kubelet.phase(&second, "Failed").await;
+    members[1].exec.terminate();
+    for i in [0, 2] {
+        let (code, _) = members[i].exec.wait(Duration::from_secs(30));
+        assert_eq!(code, 7, "{}", members[i].exec.stderr());
+        assert_eq!(members[i].starts().len(), 3);
+        assert_eq!(
+            std::fs::read_to_string(&members[i].termination).unwrap(),
+            "the cluster changed again (stale: worker/1 10.9.0.31 → none) after 2 restarts (--max-restarts 2); exiting so that the pod is replaced"
+        );
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+#[tokio::test]
+async fn with_report_nothing_restarts_and_the_cluster_is_current_again_on_the_old_address() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "report", dir.path()).await;
+    let flags = ["--on-peer-change", "report"];
+    let (kubelet, port, mut members) = job_of_three(&client, &kc, &ns, &flags).await;
+    let p0 = members[0].pod.clone();
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+    wait_annotation(&client, &ns, &p0, "trainlet.io/health", "ok").await;
+
+    let first = members[1].pod.clone();
+    delete_pod(&client, &ns, &mut members[1]).await;
+    wait_annotation(
+        &client,
+        &ns,
+        &p0,
+        "trainlet.io/cluster",
+        "stale: worker/1 10.9.0.11 → none",
+    )
+    .await;
+    wait_annotation(&client, &ns, &p0, "trainlet.io/health", "degraded").await;
+    let replacement = wait_job_pod(&client, &ns, "w", 1, &[first]).await;
+    kubelet.run(&replacement, "10.9.0.21").await;
+    members[1] = start_member(&kc, &ns, &replacement, port, &flags);
+    wait_annotation(
+        &client,
+        &ns,
+        &p0,
+        "trainlet.io/cluster",
+        "stale: worker/1 10.9.0.11 → 10.9.0.21",
+    )
+    .await;
+    assert_eq!(
+        metric(&members[0].exec.metrics().await, "trainlet_cluster_stale"),
+        Some(1.0)
+    );
+
+    // The old address returns: current again, and ok.
+    kubelet.running(&replacement, "10.9.0.11").await;
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+    wait_annotation(&client, &ns, &p0, "trainlet.io/health", "ok").await;
+    let text = members[0].exec.metrics().await;
+    assert_eq!(metric(&text, "trainlet_cluster_stale"), Some(0.0));
+    assert_eq!(metric(&text, "trainlet_restarts_total"), Some(0.0));
+    for i in [0, 2] {
+        assert_eq!(
+            members[i].starts().len(),
+            1,
+            "CMD of {} restarted",
+            members[i].pod
+        );
+        assert!(members[i].exec.alive());
+    }
+    let reasons: Vec<String> = warnings_of(&client, &ns, &p0)
+        .await
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    assert_eq!(reasons, ["PeerLost", "PeerReplaced"]);
+    delete_namespace(&client, &ns).await;
+}
+
+#[test]
+fn bad_peer_change_flags_exit_2_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tf_config(dir.path(), free_port());
+    let out = dir.path().to_str().unwrap();
+    let observed = tempfile::tempdir().unwrap();
+    for (flags, want) in [
+        (
+            vec!["--on-peer-change", "bogus"],
+            "invalid value 'bogus' for '--on-peer-change <WHAT>' [possible values: report, restart, exit] (see trainlet --help)".to_string(),
+        ),
+        (
+            vec!["--max-restarts", "-1"],
+            "invalid value '-1' for '--max-restarts <N>': -1 is not in 0..=4294967295 (see trainlet --help)".to_string(),
+        ),
+        (
+            vec!["--restart-grace", "soon"],
+            "invalid --restart-grace \"soon\": expected number at 0 (use e.g. 30s, 10m or 1h)".to_string(),
+        ),
+        (
+            vec!["--restart-backoff", "1x"],
+            "invalid --restart-backoff \"1x\": unknown time unit \"x\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations) (use e.g. 30s, 10m or 1h)".to_string(),
+        ),
+        (
+            vec!["--on-peer-change", "restart"],
+            format!("--on-peer-change restart needs the peers' selectors: there is no cluster.json in --output-dir {out} next to tf_config.json; run trainlet init (or let exec resolve: remove tf_config.json and give --job or --selector)"),
+        ),
+        (
+            vec!["--on-peer-change", "exit", "--observations", observed.path().to_str().unwrap()],
+            "--on-peer-change exit needs API credentials in this container to watch the peers, and --observations hands reporting to a sidecar that has them; use --on-peer-change report here (the sidecar reports the change)".to_string(),
+        ),
+    ] {
+        let r = run(trainlet()
+            .args(["exec", "--output-dir", out])
+            .args(&flags)
+            .args(["--", "true"]));
+        assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+        assert_eq!(r.error_line(), want, "{flags:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{flags:?}: {}", r.stderr);
+    }
+    // cluster.json from an older init, without selectors.
+    std::fs::write(
+        dir.path().join("cluster.json"),
+        r#"{"cluster":{"worker":["127.0.0.1:1"]},"task":{"type":"worker","index":0},"master":"","peers":[],"resolved_at":"","waited_seconds":0}"#,
+    )
+    .unwrap();
+    let r = run(trainlet().args([
+        "exec",
+        "--output-dir",
+        out,
+        "--on-peer-change",
+        "restart",
+        "--",
+        "true",
+    ]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "--on-peer-change restart needs the peers' selectors, and {out}/cluster.json names none (written by an older trainlet init): run this version's trainlet init, or let exec resolve (remove tf_config.json and give --job or --selector)"
+        )
+    );
+}
