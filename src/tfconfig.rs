@@ -26,19 +26,23 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::cluster::rehost::{Move, rehost};
 use crate::cluster::{Cluster, Peer, Task, address};
 use crate::frameworks::{self, envfile, ranks::EVALUATOR};
 
 pub const TF_CONFIG_FILE: &str = "tf_config.json";
 pub const ENV_FILE: &str = "trainlet.env";
 pub const CLUSTER_FILE: &str = "cluster.json";
+/// The sidecar's word to exec on where the cluster stands (`report::handover::peers`).
+pub const PEERS_FILE: &str = "peers.json";
 /// The binary `init --install-to` copies.
 pub const BINARY_FILE: &str = "trainlet";
 /// Everything trainlet writes with [`write_atomic`], apart from the `<type>.host` files.
-const WRITTEN: [&str; 8] = [
+const WRITTEN: [&str; 9] = [
     TF_CONFIG_FILE,
     ENV_FILE,
     CLUSTER_FILE,
+    PEERS_FILE,
     BINARY_FILE,
     frameworks::TORCH_FILE,
     frameworks::JAX_FILE,
@@ -271,6 +275,62 @@ pub fn remove_leftovers(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Moves replaced tasks to their replacements in every file init wrote into `dir`
+/// ([`crate::cluster::rehost`]): each file is rewritten atomically, `cluster.json` last
+/// and with each moved task's pod name and UID, so that a reader of it sees the new
+/// cluster only once everything else is there. `moved` is (task `type/index`, the move,
+/// the replacement's name, its UID).
+pub fn rehost_outputs(
+    dir: &Path,
+    moved: &[(String, Move, String, String)],
+) -> Result<(), OutputError> {
+    let moves: Vec<Move> = moved.iter().map(|(_, m, _, _)| m.clone()).collect();
+    let host_files = std::fs::read_dir(dir)
+        .map_err(|source| OutputError::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|n| n.ends_with(".host") && !n.starts_with('.'));
+    let names: Vec<String> = WRITTEN
+        .iter()
+        .filter(|n| ![CLUSTER_FILE, PEERS_FILE, BINARY_FILE].contains(n))
+        .map(|n| n.to_string())
+        .chain(host_files)
+        .collect();
+    for name in names {
+        let path = dir.join(&name);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let new = rehost(&text, &moves);
+        if new != text {
+            write_atomic(dir, &name, new.as_bytes())?;
+        }
+    }
+    let path = dir.join(CLUSTER_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| OutputError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut file: ClusterFile =
+        serde_json::from_str(&rehost(&text, &moves)).map_err(|e| OutputError::Invalid {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+    for p in &mut file.peers {
+        let task = format!("{}/{}", p.task_type, p.index);
+        if let Some((_, _, name, uid)) = moved.iter().find(|(t, ..)| *t == task) {
+            p.name = name.clone();
+            p.uid = uid.clone();
+        }
+    }
+    let mut out = serde_json::to_string_pretty(&file).expect("plain data");
+    out.push('\n');
+    write_atomic(dir, CLUSTER_FILE, out.as_bytes())
+}
+
 /// Reads the variables of a `trainlet.env` written earlier by the init container.
 pub fn read_env(path: &Path) -> Result<Vec<(String, String)>, OutputError> {
     let raw = std::fs::read_to_string(path).map_err(|source| OutputError::Read {
@@ -400,6 +460,58 @@ mod tests {
             serde_json::json!(["ps/0", "worker/0", "worker/1"])
         );
         assert_eq!(v["rank"], 1);
+    }
+
+    /// The sidecar's move of a replaced task: every file init wrote names the new
+    /// host, cluster.json also the new pod; nothing else changes.
+    #[test]
+    fn rehost_outputs_moves_every_file_and_the_pod_in_cluster_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cluster();
+        let tf = TfConfig::new(
+            &c,
+            Task {
+                task_type: "worker".into(),
+                index: 0,
+            },
+            None,
+        );
+        let ranks = frameworks::Ranks::new(&c, &["ps", "worker"], &tf.task);
+        let file = render_cluster_file(&tf, &c, &ranks, "grpc", BTreeMap::new(), "t", 0.0);
+        write_atomic(dir.path(), CLUSTER_FILE, file.as_bytes()).unwrap();
+        write_atomic(dir.path(), TF_CONFIG_FILE, tf.render().as_bytes()).unwrap();
+        write_atomic(dir.path(), "worker.host", b"10.0.0.6\n10.0.0.7\n").unwrap();
+        write_atomic(dir.path(), "notes.txt", b"10.0.0.7").unwrap();
+        let moved = [(
+            "worker/1".to_string(),
+            Move {
+                from: "10.0.0.7".into(),
+                to: "10.0.0.17".into(),
+            },
+            "worker-1-b".to_string(),
+            "u-worker-1-b".to_string(),
+        )];
+        rehost_outputs(dir.path(), &moved).unwrap();
+        let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap();
+        assert_eq!(
+            read(TF_CONFIG_FILE),
+            r#"{"cluster":{"ps":["10.0.0.5:8470"],"worker":["10.0.0.6:8470","10.0.0.17:8470"]},"task":{"type":"worker","index":0}}"#
+        );
+        assert_eq!(read("worker.host"), "10.0.0.6\n10.0.0.17\n");
+        // Not a file trainlet wrote: left alone.
+        assert_eq!(read("notes.txt"), "10.0.0.7");
+        let f = read_cluster_file(&dir.path().join(CLUSTER_FILE)).unwrap();
+        let w1 = f
+            .peers
+            .iter()
+            .find(|p| p.task_type == "worker" && p.index == 1)
+            .unwrap();
+        assert_eq!(
+            (w1.name.as_str(), w1.uid.as_str(), w1.address.as_str()),
+            ("worker-1-b", "u-worker-1-b", "10.0.0.17:8470")
+        );
+        assert_eq!(f.cluster["worker"], ["10.0.0.6:8470", "10.0.0.17:8470"]);
+        assert_eq!(f.peers.iter().filter(|p| p.name == "worker-0").count(), 1);
     }
 
     #[test]

@@ -361,11 +361,6 @@ pub fn exec_report_config(
             .to_possible_value()
             .map(|v| v.get_name().to_string())
             .unwrap_or_default();
-        if cfg.observations.is_some() {
-            return Err(Failure::usage(format!(
-                "--on-peer-change {what} needs API credentials in this container to watch the peers, and --observations hands reporting to a sidecar that has them; use --on-peer-change report here (the sidecar reports the change)"
-            )));
-        }
         match cluster_file {
             _ if resolving => {}
             Some(f) if has_selectors(f) => {}

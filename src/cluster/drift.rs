@@ -97,7 +97,11 @@ pub enum Held {
     /// By nobody that serves; `why` says what became of it.
     Lost { why: String },
     /// By another pod, at another address.
-    Replaced { pod: String, address: String },
+    Replaced {
+        pod: String,
+        uid: String,
+        address: String,
+    },
 }
 
 /// One task and where it stands.
@@ -146,6 +150,7 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
                             Some(ip) if ip == r.host() => Held::Current,
                             Some(ip) => Held::Replaced {
                                 pod: p.name.clone(),
+                                uid: p.uid.clone(),
                                 address: ip.clone(),
                             },
                         },
@@ -170,6 +175,28 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
             }
         })
         .collect()
+}
+
+/// Where the cluster is complete again (no task lost), each replaced task's move to its
+/// replacement: the host, and the pod that now holds it. `None` while a task is lost.
+pub fn moves(drift: &[Drift]) -> Option<Vec<(String, super::rehost::Move, String, String)>> {
+    let mut out = Vec::new();
+    for d in drift {
+        match &d.held {
+            Held::Current => {}
+            Held::Lost { .. } => return None,
+            Held::Replaced { pod, uid, address } => out.push((
+                d.task.clone(),
+                super::rehost::Move {
+                    from: d.was.clone(),
+                    to: address.clone(),
+                },
+                pod.clone(),
+                uid.clone(),
+            )),
+        }
+    }
+    Some(out)
 }
 
 /// `trainlet.io/cluster`: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19; ps/0
@@ -201,7 +228,7 @@ pub fn event(d: &Drift) -> Option<(&'static str, String)> {
                 d.task, d.was
             ),
         )),
-        Held::Replaced { pod, address } => Some((
+        Held::Replaced { pod, address, .. } => Some((
             "PeerReplaced",
             format!(
                 "task {} moved: {} → {address} (pod {pod}); the cluster this pod was given is stale",
@@ -249,9 +276,10 @@ mod tests {
         assert!(d.iter().all(|d| d.held == Held::Current));
         assert_eq!(annotation(&d), "current");
 
-        // Pod 1 deleted: lost.
+        // Pod 1 deleted: lost, and nothing to move to while it is.
         let d = assess(&r, std::slice::from_ref(&original));
         assert_eq!(annotation(&d), "stale: worker/1 10.0.0.7 → none");
+        assert_eq!(moves(&d), None);
         assert_eq!(
             event(&d[1]).unwrap(),
             (
@@ -278,6 +306,18 @@ mod tests {
         let d = assess(&r, &[original.clone(), moved]);
         assert_eq!(annotation(&d), "stale: worker/1 10.0.0.7 → 10.0.0.19");
         assert_eq!(event(&d[1]).unwrap().0, "PeerReplaced");
+        assert_eq!(
+            moves(&d),
+            Some(vec![(
+                "worker/1".to_string(),
+                crate::cluster::rehost::Move {
+                    from: "10.0.0.7".into(),
+                    to: "10.0.0.19".into()
+                },
+                "w-1-bbbb".to_string(),
+                "uid-1b".to_string()
+            )])
+        );
         // The old address returns.
         let back = live("w-1-bbbb", "uid-1b", "job/w/1", Some("10.0.0.7"), "Running");
         assert_eq!(annotation(&assess(&r, &[original, back])), "current");

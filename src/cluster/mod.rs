@@ -13,6 +13,7 @@ pub mod config;
 pub mod drift;
 pub mod order;
 pub mod published;
+pub mod rehost;
 pub mod selector;
 pub mod slim;
 

@@ -31,8 +31,10 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
     let report = lower::exec_report_config(&args, cluster_file, resolving)?;
     let report = (args.report || args.on_peer_change != OnPeerChange::Report).then_some(report);
-    // Resolving again after a peer change is the init workflow, with exec's own flags.
-    let init_cfg = (resolving || args.on_peer_change == OnPeerChange::Restart)
+    // Resolving again after a peer change is the init workflow, with exec's own flags;
+    // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
+    let handing_over = args.report_args.observations.is_some();
+    let init_cfg = (resolving || (args.on_peer_change == OnPeerChange::Restart && !handing_over))
         .then(|| lower::init_config(&args.init))
         .transpose()?;
     let (env, tf) = match &init_cfg {
@@ -46,17 +48,25 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let cmd = command(&args.command, env, &dir);
     if let Some(cfg) = report {
         let argv = args.command.clone();
+        let dir = dir.clone();
         let respawn: engine::Respawn = Box::new(move || {
             let init_cfg = init_cfg.clone();
             let argv = argv.clone();
+            let dir = dir.clone();
             Box::pin(async move {
-                let Some(init_cfg) = init_cfg else {
-                    return Err(Failure::usage("restarting needs trainlet init's flags"));
-                };
-                let out = bootstrap::run(&init_cfg, explain::init)
-                    .await
-                    .map_err(|e| Failure::new(e.code(), explain::init(&e)))?;
-                Ok(command(&argv, out.env, &init_cfg.output_dir))
+                match init_cfg {
+                    Some(init_cfg) if !handing_over => {
+                        let out = bootstrap::run(&init_cfg, explain::init)
+                            .await
+                            .map_err(|e| Failure::new(e.code(), explain::init(&e)))?;
+                        Ok(command(&argv, out.env, &init_cfg.output_dir))
+                    }
+                    // The sidecar moved the files.
+                    _ => {
+                        let (env, _) = read_outputs(&dir)?;
+                        Ok(command(&argv, env, &dir))
+                    }
+                }
             })
         });
         let ended =

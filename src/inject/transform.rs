@@ -847,7 +847,10 @@ fn trainlet_container(cfg: &InjectConfig, name: &str, sub: &str, args: &[String]
     c.set("env", Node::Seq(downward_env()));
     c.set("resources", resources());
     c.set("securityContext", security_context());
-    let mut mounts = vec![mount(&cfg.output_dir, sub != "init")];
+    // init writes the files; with --wrap the sidecar moves them to replaced peers for
+    // exec's restart (report::handover::peers). Everyone else only reads them.
+    let writes = sub == "init" || (sub == "sidecar" && cfg.wrap.is_some());
+    let mut mounts = vec![mount(&cfg.output_dir, !writes)];
     if sub == "sidecar" && cfg.wrap.is_some() {
         mounts.push(mount_of(OBSERVED_VOLUME, &cfg.observations_dir, true));
     }

@@ -339,7 +339,7 @@ fn bad_peer_change_flags_exit_2_with_one_line() {
         ),
         (
             vec!["--on-peer-change", "exit", "--observations", observed.path().to_str().unwrap()],
-            "--on-peer-change exit needs API credentials in this container to watch the peers, and --observations hands reporting to a sidecar that has them; use --on-peer-change report here (the sidecar reports the change)".to_string(),
+            format!("--on-peer-change exit needs the peers' selectors: there is no cluster.json in --output-dir {out} next to tf_config.json; run trainlet init (or let exec resolve: remove tf_config.json and give --job or --selector)"),
         ),
     ] {
         let r = run(trainlet()
@@ -372,4 +372,200 @@ fn bad_peer_change_flags_exit_2_with_one_line() {
             "--on-peer-change restart needs the peers' selectors, and {out}/cluster.json names none (written by an older trainlet init): run this version's trainlet init, or let exec resolve (remove tf_config.json and give --job or --selector)"
         )
     );
+}
+
+/// One pod of the shipped layout (`inject --wrap`): init's files, the sidecar with the
+/// token, and exec without any credentials, handing over.
+struct HandoverPod {
+    pod: String,
+    sidecar: Reporter,
+    exec: Reporter,
+    files: PathBuf,
+    starts: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16) -> HandoverPod {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, observed, home) = (
+        dir.path().join("trainlet"),
+        dir.path().join("observed"),
+        dir.path().join("home"),
+    );
+    for d in [&files, &observed, &home] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let port = port.to_string();
+    let r = run(&mut init_cmd(
+        kc,
+        ns,
+        pod,
+        &files,
+        &["--job", "worker=app=w", "--port", &port],
+    ));
+    assert_eq!(r.code, 0, "{pod}: {}", r.stderr);
+    let cluster_file = files.join("cluster.json");
+    let sidecar = Reporter::start(sidecar_cmd(
+        kc,
+        ns,
+        pod,
+        &[
+            "--observations",
+            observed.to_str().unwrap(),
+            "--cluster-file",
+            cluster_file.to_str().unwrap(),
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    ));
+    let starts = dir.path().join("starts");
+    let mut exec = trainlet();
+    exec.args(["exec", "--report", "--observations"])
+        .arg(&observed)
+        .arg("--output-dir")
+        .arg(&files)
+        .args([
+            "--pod-name",
+            pod,
+            "--pod-namespace",
+            ns,
+            "--interval",
+            "200ms",
+        ])
+        .args([
+            "--on-peer-change",
+            "restart",
+            "--restart-backoff",
+            "1s",
+            "--restart-grace",
+            "5s",
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
+        ])
+        .env("HOME", &home)
+        .env("STARTS", &starts);
+    HandoverPod {
+        pod: pod.to_string(),
+        sidecar,
+        exec: Reporter::start(exec),
+        files,
+        starts,
+        _dir: dir,
+    }
+}
+
+impl HandoverPod {
+    async fn wait_starts(&self, n: usize) -> Vec<String> {
+        let read = || {
+            std::fs::read_to_string(&self.starts)
+                .unwrap_or_default()
+                .lines()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        eventually(
+            &format!("{n} starts of CMD in pod {}", self.pod),
+            Duration::from_secs(90),
+            || async { (read().len() >= n).then(read) },
+        )
+        .await
+    }
+}
+
+/// The shipped layout, where the training container holds no API credentials: the
+/// sidecar watches the peers and writes where the cluster stands to peers.json; exec
+/// stops CMD, says in its observation that it waits, and the sidecar, once the
+/// replacement is up, moves the files to its address; exec starts CMD from them.
+#[tokio::test]
+async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "handover-restart", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let port = free_port();
+    let mut names = Vec::new();
+    for i in 0..3 {
+        let pod = wait_job_pod(&client, &ns, "w", i, &[]).await;
+        kubelet.run(&pod, &format!("10.9.1.{}", 10 + i)).await;
+        names.push(pod);
+    }
+    let mut pods: Vec<HandoverPod> = names
+        .iter()
+        .map(|p| start_handover_pod(&kc, &ns, p, port))
+        .collect();
+    for p in &pods {
+        assert!(p.wait_starts(1).await[0].contains("\"10.9.1.11:"));
+    }
+    let p0 = names[0].clone();
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+
+    let first = names[1].clone();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete(&first, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pods[1].exec.terminate();
+    pods[1].sidecar.terminate();
+    let note = wait_warning(&client, &ns, "Restarting").await;
+    assert_eq!(
+        note,
+        "restarting sh (1 of 3) in 1s: the cluster changed (stale: worker/1 10.9.1.11 → none)"
+    );
+    let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
+    kubelet.run(&replacement, "10.9.1.21").await;
+    pods[1] = start_handover_pod(&kc, &ns, &replacement, port);
+
+    for i in [0, 2] {
+        let starts = pods[i].wait_starts(2).await;
+        assert!(starts[1].contains("\"10.9.1.21:"), "{}", starts[1]);
+        assert!(!starts[1].contains("10.9.1.11"), "{}", starts[1]);
+        let tf = std::fs::read_to_string(pods[i].files.join("tf_config.json")).unwrap();
+        assert!(tf.contains("\"10.9.1.21:"), "{tf}");
+        let cluster: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(pods[i].files.join("cluster.json")).unwrap(),
+        )
+        .unwrap();
+        let moved = cluster["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["index"] == 1)
+            .unwrap()
+            .clone();
+        assert_eq!(moved["name"], replacement.as_str());
+        assert_eq!(moved["address"], format!("10.9.1.21:{port}"));
+        let peers: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(pods[i].files.join("peers.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            peers,
+            serde_json::json!({"version": 1, "generation": 1, "cluster": "current"})
+        );
+    }
+    assert_eq!(pods[1].wait_starts(1).await.len(), 1);
+    wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
+    let text = pods[0].sidecar.metrics().await;
+    assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
+    assert_eq!(metric(&text, "trainlet_cluster_stale"), Some(0.0));
+    for pod in [&names[0], &names[2]] {
+        let w = warnings_of(&client, &ns, pod).await;
+        let count = |r: &str| w.iter().filter(|(wr, _)| wr == r).count();
+        assert_eq!(
+            (count("PeerLost"), count("Restarting")),
+            (1, 1),
+            "{pod}: {w:?}"
+        );
+        assert!(
+            w.iter()
+                .all(|(r, _)| ["PeerLost", "PeerReplaced", "Restarting"].contains(&r.as_str())),
+            "{pod}: {w:?}"
+        );
+    }
+    delete_namespace(&client, &ns).await;
 }

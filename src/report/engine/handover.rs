@@ -136,6 +136,7 @@ impl Engine {
                 .map(|(i, k)| KillObservation::from_kill(first + i as u64, k))
                 .collect(),
             errors: self.probe_errors(),
+            restart: self.restart_obs.clone(),
         })
     }
 
@@ -187,6 +188,7 @@ impl Engine {
                     .iter()
                     .map(|x| (x.error.clone(), x.count))
                     .collect(),
+                restarts: 0,
             };
             info!(
                 epoch = %mark.epoch,
@@ -265,6 +267,11 @@ impl Engine {
                 self.outbox.push(("GPUXidError", e.message()), true);
             }
         }
+        if let Some(note) = news.restart {
+            warn!("{note}");
+            self.metrics.restarts.inc();
+            self.outbox.push(("Restarting", note), true);
+        }
         true
     }
 
@@ -281,7 +288,7 @@ impl Engine {
     /// Sidecar: watches the directory, so a new version is read at once.
     pub(super) fn watch_observations(&mut self) {
         if let Some(inbox) = self.inbox.as_mut() {
-            match Watch::new(&inbox.dir) {
+            match Watch::new(&inbox.dir, handover::FILE) {
                 Ok(w) => inbox.watch = Some(w),
                 Err(e) => warn!(
                     "{e}; reading {} every --interval instead",

@@ -26,6 +26,7 @@ pub mod listeners;
 pub mod oom_watch;
 pub mod outbox;
 mod peer_watch;
+mod peers_file;
 pub mod state;
 
 use std::borrow::Cow;
@@ -86,8 +87,14 @@ pub struct Engine {
     inbox: Option<handover::Inbox>,
     /// The first view of the own pod has seeded what was announced before.
     seeded: bool,
-    /// Sidecar: the peers of the resolved cluster.
+    /// The peers of the resolved cluster (the sidecar, or exec with credentials).
     peers: Option<peer_watch::PeerWatch>,
+    /// Sidecar with exec handing over: where the cluster stands, for exec.
+    peers_out: Option<peers_file::Outgoing>,
+    /// exec handing over, with `--on-peer-change restart|exit`: the sidecar's word.
+    peers_in: Option<peers_file::Incoming>,
+    /// exec: its restarts, for the observation.
+    restart_obs: Option<crate::report::handover::RestartObservation>,
     started: Instant,
 }
 
@@ -108,11 +115,24 @@ impl Engine {
             }
             _ => None,
         };
+        let peers_out = match (cfg.mode, &inbox, &cfg.cluster_file) {
+            (Mode::Sidecar, Some(_), Some(f)) => peers_file::Outgoing::new(f),
+            _ => None,
+        };
+        let peers_in = match (cfg.mode, &cfg.observations, &cfg.cluster_file) {
+            (Mode::Exec, Some(_), Some(f)) if cfg.restart.on_change != OnPeerChange::Report => f
+                .parent()
+                .map(|d| peers_file::Incoming::new(d.to_path_buf())),
+            _ => None,
+        };
         Engine {
             outgoing,
             inbox,
             seeded: false,
             peers,
+            peers_out,
+            peers_in,
+            restart_obs: None,
             started: Instant::now(),
             gpu_probe: GpuProbe::new(cfg.nvml_lib.clone()),
             outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
@@ -211,6 +231,9 @@ impl Engine {
             self.oom.refresh_tree();
         }
         self.read_observations();
+        if let Some(p) = self.peers_in.as_mut() {
+            p.read();
+        }
         let watched = self.watched_ports();
         let container = self.container_name();
         let cx = listeners::Context {
@@ -251,6 +274,9 @@ impl Engine {
     /// Builds the report from the latest observations, updates the metrics, and
     /// schedules what changed.
     fn evaluate(&mut self) {
+        if self.cfg.mode == Mode::Sidecar {
+            self.tell_exec();
+        }
         let container = self.container_name();
         let expected = pod::expected_gpus(self.cfg.expect_gpus, self.training());
         let mut sources = self.oom.sources();
@@ -422,6 +448,11 @@ impl Engine {
                         self.evaluate();
                     }
                 }
+                Some(()) = peers_file::next_state(&mut self.peers_in) => {
+                    if self.peers_in.as_mut().is_some_and(|p| p.read()) {
+                        self.evaluate();
+                    }
+                }
                 Some(()) = handover::next_version(&mut self.inbox) => {
                     if self.read_observations() {
                         self.evaluate();
@@ -479,6 +510,9 @@ impl Engine {
         if self.cfg.mode != Mode::Exec || self.cfg.restart.on_change == OnPeerChange::Report {
             return None;
         }
+        if let Some(p) = &self.peers_in {
+            return p.stale();
+        }
         let drift = self.peers.as_ref()?.drift.as_deref()?;
         let text = crate::cluster::drift::annotation(drift);
         (text != "current").then_some(text)
@@ -524,6 +558,33 @@ impl Engine {
                     }
                 },
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// exec handing over: says in its observation that it waits, then waits until the
+    /// sidecar has moved the files to the replacements and says `current` with a
+    /// higher generation. With credentials, nothing: the init workflow waits itself.
+    async fn wait_for_moved_files(&mut self) {
+        let Some(before) = self.peers_in.as_ref().map(peers_file::Incoming::generation) else {
+            return;
+        };
+        if let Some(r) = self.restart_obs.as_mut() {
+            r.waiting = true;
+        }
+        self.hand_over(None);
+        info!("waiting for the trainlet sidecar to see every task live again and move the files");
+        let mut tick = tokio::time::interval(self.cfg.interval.min(Duration::from_secs(1)));
+        loop {
+            if let Some(p) = self.peers_in.as_mut() {
+                p.read();
+                if p.generation() > before && p.stale().is_none() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = peers_file::next_state(&mut self.peers_in) => {}
+                _ = tick.tick() => self.hand_over(None),
             }
         }
     }
@@ -665,6 +726,10 @@ pub async fn exec(
     };
     engine.oom.name_own(name);
     engine.start_peer_watch();
+    if let Some(p) = engine.peers_in.as_mut() {
+        p.read();
+        p.watch();
+    }
     engine.reap();
     engine.watch_gpu_events();
     let mut restarts = 0;
@@ -703,8 +768,19 @@ pub async fn exec(
                     humantime::format_duration(delay)
                 );
                 warn!("{note}");
-                engine.outbox.push(("Restarting", note.clone()), true);
-                engine.outbox.flush(&engine.metrics, &engine.ready).await;
+                engine.metrics.restarts.inc();
+                if engine.outgoing.is_some() {
+                    // The sidecar announces it.
+                    engine.restart_obs = Some(crate::report::handover::RestartObservation {
+                        restarts: n,
+                        note: crate::report::handover::bounded(&note),
+                        waiting: false,
+                    });
+                    engine.hand_over(None);
+                } else {
+                    engine.outbox.push(("Restarting", note.clone()), true);
+                    engine.outbox.flush(&engine.metrics, &engine.ready).await;
+                }
                 engine.stop_child(&mut signals, policy.grace).await;
                 if engine.stop {
                     break;
@@ -712,14 +788,17 @@ pub async fn exec(
                 let next = tokio::select! {
                     next = async {
                         tokio::time::sleep(delay).await;
+                        engine.wait_for_moved_files().await;
                         respawn().await
                     } => next,
                     _ = wait_for_stop(&mut signals) => break,
                 };
                 let cmd = next.map_err(ReportError::Respawn)?;
                 restarts = n;
-                engine.metrics.restarts.inc();
                 engine.spawn(cmd, program)?;
+                if let Some(r) = engine.restart_obs.as_mut() {
+                    r.waiting = false;
+                }
                 // The new cluster is the one to watch from now on.
                 engine.peers = engine
                     .cfg

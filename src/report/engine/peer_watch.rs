@@ -63,24 +63,9 @@ impl PeerWatch {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        // The own task is left out: when the own pod goes, so does this watch, and
-        // its containers are not to restart for it.
-        let resolved = file
-            .peers
-            .iter()
-            .filter(|p| p.task_type != file.task.task_type || p.index != file.task.index)
-            .map(|p| Resolved {
-                task_type: p.task_type.clone(),
-                index: p.index,
-                name: p.name.clone(),
-                uid: p.uid.clone(),
-                slot: String::new(),
-                address: p.address.clone(),
-            })
-            .collect();
         let n = selectors.len();
         Some(PeerWatch {
-            resolved,
+            resolved: resolved_of(&file),
             selectors,
             pods: vec![BTreeMap::new(); n],
             buffers: vec![BTreeMap::new(); n],
@@ -88,6 +73,20 @@ impl PeerWatch {
             synced: vec![false; n],
             drift: None,
         })
+    }
+
+    /// Takes the resolved tasks from `cluster.json` again (the sidecar moved them to
+    /// their replacements), keeping the watches; returns whether where the tasks stand
+    /// changed.
+    pub fn reload(&mut self, path: &Path) -> bool {
+        match tfconfig::read_cluster_file(path) {
+            Ok(file) => self.resolved = resolved_of(&file),
+            Err(e) => {
+                warn!("cannot read the moved cluster: {e}");
+                return false;
+            }
+        }
+        self.assess()
     }
 
     /// Starts the watches, in the own namespace.
@@ -140,6 +139,11 @@ impl PeerWatch {
                 return false;
             }
         }
+        self.assess()
+    }
+
+    /// Where the tasks stand among the pods now; whether that changed.
+    fn assess(&mut self) -> bool {
         if !self.synced.iter().all(|s| *s) {
             return false;
         }
@@ -158,6 +162,23 @@ impl PeerWatch {
         self.drift = drift;
         changed
     }
+}
+
+/// The resolved tasks of a `cluster.json`. The own task is left out: when the own pod
+/// goes, so does this watch, and its containers are not to restart for it.
+fn resolved_of(file: &tfconfig::ClusterFile) -> Vec<Resolved> {
+    file.peers
+        .iter()
+        .filter(|p| p.task_type != file.task.task_type || p.index != file.task.index)
+        .map(|p| Resolved {
+            task_type: p.task_type.clone(),
+            index: p.index,
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+            slot: String::new(),
+            address: p.address.clone(),
+        })
+        .collect()
 }
 
 /// The next peer event, or never without a watch.

@@ -71,11 +71,12 @@ pub fn read(dir: &Path) -> Result<Option<Version>, Rejected> {
 /// the sidecar still reads the file every `--interval`.
 pub struct Watch {
     fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
+    name: &'static str,
 }
 
 impl Watch {
-    /// Must run inside the tokio runtime.
-    pub fn new(dir: &Path) -> Result<Watch, String> {
+    /// Watches for `name` in `dir`. Must run inside the tokio runtime.
+    pub fn new(dir: &Path, name: &'static str) -> Result<Watch, String> {
         let ino = inotify::Inotify::init().map_err(|e| format!("inotify: {e}"))?;
         ino.watches()
             .add(
@@ -85,17 +86,19 @@ impl Watch {
             .map_err(|e| format!("inotify on {}: {e}", dir.display()))?;
         Ok(Watch {
             fd: crate::report::oom::notify::register(ino)?,
+            name,
         })
     }
 
-    /// Waits until a file named [`FILE`] lands in the directory.
+    /// Waits until the file lands in the directory.
     pub async fn wait(&mut self) -> std::io::Result<()> {
         loop {
             let mut guard = self.fd.readable_mut().await?;
             let mut buf = [0u8; 4096];
             let hit = guard.try_io(|inner| {
                 let events = inner.get_mut().read_events(&mut buf)?;
-                Ok(events.filter(|e| e.name.is_some_and(|n| n == FILE)).count() > 0)
+                let name = self.name;
+                Ok(events.filter(|e| e.name.is_some_and(|n| n == name)).count() > 0)
             });
             match hit {
                 Ok(Ok(true)) => return Ok(()),

@@ -24,6 +24,7 @@
 //! returns is the only way an observation reaches the report.
 
 pub mod file;
+pub mod peers;
 
 use std::collections::BTreeMap;
 
@@ -77,6 +78,22 @@ pub struct Observation {
     /// Probes that failed, by probe.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub errors: BTreeMap<String, String>,
+    /// `--on-peer-change restart`: exec's restarts of CMD, and whether it waits for
+    /// the sidecar to move the cluster files to the replacements ([`peers`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartObservation>,
+}
+
+/// exec's restarts after a peer change, for the sidecar to announce and answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartObservation {
+    /// Restarts begun since exec started; each is one `Restarting` Event.
+    pub restarts: u32,
+    /// The last restart's note (the Event's text).
+    pub note: String,
+    /// CMD is stopped and exec waits for the files of the complete cluster.
+    pub waiting: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -292,7 +309,20 @@ fn validate(o: &Observation) -> Result<(), String> {
         text("errors key", k, 32)?;
         text("errors value", v, MAX_TEXT)?;
     }
+    if let Some(r) = &o.restart {
+        text("restart.note", &r.note, MAX_TEXT)?;
+    }
     Ok(())
+}
+
+/// Cuts `s` to at most [`MAX_TEXT`] bytes at a character boundary: what exec puts in an
+/// observation must pass [`parse`].
+pub fn bounded(s: &str) -> String {
+    let mut end = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 impl Observation {
@@ -363,6 +393,8 @@ pub struct Published {
     pub kills: u64,
     /// The XID counts announced.
     pub xids: BTreeMap<XidError, u64>,
+    /// The restarts announced.
+    pub restarts: u32,
 }
 
 /// What a new version adds to what was published: the kills to announce, and each
@@ -391,7 +423,19 @@ pub fn news(published: &mut Published, o: &Observation) -> News {
             *seen = x.count;
         }
     }
-    News { kills, xids }
+    let restart = o
+        .restart
+        .as_ref()
+        .filter(|r| r.restarts > published.restarts)
+        .map(|r| {
+            published.restarts = r.restarts;
+            r.note.clone()
+        });
+    News {
+        kills,
+        xids,
+        restart,
+    }
 }
 
 /// What one version adds: see [`news`].
@@ -400,6 +444,8 @@ pub struct News {
     pub kills: Vec<KillObservation>,
     /// Each XID with its number of new occurrences.
     pub xids: Vec<(XidError, u64)>,
+    /// A restart of CMD begun since: its note, for the `Restarting` Event.
+    pub restart: Option<String>,
 }
 
 #[cfg(test)]

@@ -52,6 +52,11 @@ fn sample() -> Observation {
             memory_limit: Some("1Gi".into()),
         }],
         errors: BTreeMap::new(),
+        restart: Some(RestartObservation {
+            restarts: 1,
+            note: "restarting python (1 of 3) in 10s: the cluster changed (stale: worker/1 10.0.0.7 → none)".into(),
+            waiting: true,
+        }),
     }
 }
 
@@ -143,6 +148,12 @@ fn news_announces_each_kill_and_xid_once_per_epoch() {
     let n = news(&mut p, &o);
     assert_eq!(n.kills.len(), 1);
     assert_eq!(n.xids, [(o.xids[0].error.clone(), 2)]);
+    assert_eq!(
+        n.restart.as_deref(),
+        Some(
+            "restarting python (1 of 3) in 10s: the cluster changed (stale: worker/1 10.0.0.7 → none)"
+        )
+    );
     // The same version again (a re-read): nothing new.
     assert_eq!(news(&mut p, &o), News::default());
     // One more occurrence and one more kill.
@@ -196,7 +207,7 @@ fn the_reader_takes_the_file_and_refuses_links_fifos_and_giants() {
 #[tokio::test]
 async fn the_watch_wakes_when_a_new_version_is_renamed_in() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = file::Watch::new(dir.path()).unwrap();
+    let mut w = file::Watch::new(dir.path(), FILE).unwrap();
     std::fs::write(dir.path().join("other"), "x").unwrap();
     file::write(dir.path(), &sample()).unwrap();
     tokio::time::timeout(std::time::Duration::from_secs(5), w.wait())

@@ -1,0 +1,164 @@
+//! The engine's two ends of `peers.json` ([`crate::report::handover::peers`]): the
+//! sidecar says where the cluster stands and moves the files for a waiting exec; exec,
+//! without API credentials, learns of a peer change from it and restarts from the moved
+//! files.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use tracing::{info, warn};
+
+use super::Engine;
+use crate::cluster::drift;
+use crate::report::handover::file::Watch;
+use crate::report::handover::peers::{self, PeersState, VERSION};
+use crate::tfconfig;
+
+/// The sidecar's end.
+pub(super) struct Outgoing {
+    dir: PathBuf,
+    generation: u64,
+    written: Option<PeersState>,
+    /// The (exec epoch, restart number) whose wait was answered.
+    answered: Option<(String, u32)>,
+}
+
+impl Outgoing {
+    /// Next to `cluster.json`; the generation goes on from the file a sidecar before
+    /// this one left.
+    pub fn new(cluster_file: &Path) -> Option<Outgoing> {
+        let dir = cluster_file.parent()?.to_path_buf();
+        let generation = peers::read(&dir).map_or(0, |s| s.generation);
+        Some(Outgoing {
+            dir,
+            generation,
+            written: None,
+            answered: None,
+        })
+    }
+}
+
+/// exec's end.
+pub(super) struct Incoming {
+    dir: PathBuf,
+    watch: Option<Watch>,
+    pub state: Option<PeersState>,
+}
+
+impl Incoming {
+    pub fn new(dir: PathBuf) -> Incoming {
+        Incoming {
+            dir,
+            watch: None,
+            state: None,
+        }
+    }
+
+    /// Reads the file again; returns whether the state changed.
+    pub fn read(&mut self) -> bool {
+        let state = peers::read(&self.dir);
+        let changed = state != self.state;
+        self.state = state;
+        changed
+    }
+
+    /// The stale cluster the sidecar reports, if it does.
+    pub fn stale(&self) -> Option<String> {
+        self.state
+            .as_ref()
+            .filter(|s| !s.is_current())
+            .map(|s| s.cluster.clone())
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.state.as_ref().map_or(0, |s| s.generation)
+    }
+
+    /// Wakes on a new version of the file; without inotify, exec reads it every
+    /// `--interval`.
+    pub fn watch(&mut self) {
+        match Watch::new(&self.dir, peers::FILE) {
+            Ok(w) => self.watch = Some(w),
+            Err(e) => warn!(
+                "{e}; reading {} every --interval instead",
+                self.dir.join(peers::FILE).display()
+            ),
+        }
+    }
+}
+
+/// The next new version of `peers.json`, or never without a watch.
+pub(super) async fn next_state(incoming: &mut Option<Incoming>) -> Option<()> {
+    match incoming.as_mut().and_then(|i| i.watch.as_mut()) {
+        Some(w) => match w.wait().await {
+            Ok(()) => Some(()),
+            Err(e) => {
+                warn!(
+                    "watching {}: {e}; reading it every --interval instead",
+                    peers::FILE
+                );
+                if let Some(i) = incoming.as_mut() {
+                    i.watch = None;
+                }
+                Some(())
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
+impl Engine {
+    /// Sidecar: tells exec where the cluster stands; when exec has stopped CMD and
+    /// waits, and every task has a live pod again, first moves the files to the
+    /// replacements and reloads the watch, then says `current` with a higher generation.
+    pub(super) fn tell_exec(&mut self) {
+        let (Some(out), Some(watch), Some(cluster_file)) = (
+            self.peers_out.as_mut(),
+            self.peers.as_mut(),
+            self.cfg.cluster_file.as_deref(),
+        ) else {
+            return;
+        };
+        let Some(drift) = watch.drift.as_deref() else {
+            return;
+        };
+        let waiting = self
+            .inbox
+            .as_ref()
+            .and_then(|i| i.fresh(SystemTime::now()))
+            .and_then(|o| {
+                let r = o.restart.as_ref().filter(|r| r.waiting)?;
+                Some((o.epoch.clone(), r.restarts))
+            })
+            .filter(|w| out.answered.as_ref() != Some(w));
+        if let Some(w) = waiting
+            && let Some(moved) = drift::moves(drift)
+        {
+            if !moved.is_empty() {
+                if let Err(e) = tfconfig::rehost_outputs(&out.dir, &moved) {
+                    warn!("cannot move the cluster files to the replacements: {e}");
+                    return;
+                }
+                let tasks: Vec<String> = moved
+                    .iter()
+                    .map(|(t, m, _, _)| format!("{t} {} → {}", m.from, m.to))
+                    .collect();
+                info!(moved = ?tasks, dir = %out.dir.display(), "moved the cluster files to the replacements for trainlet exec's restart");
+                watch.reload(cluster_file);
+            }
+            out.generation += 1;
+            out.answered = Some(w);
+        }
+        let state = PeersState {
+            version: VERSION,
+            generation: out.generation,
+            cluster: drift::annotation(watch.drift.as_deref().unwrap_or_default()),
+        };
+        if out.written.as_ref() != Some(&state) {
+            match peers::write(&out.dir, &state) {
+                Ok(()) => out.written = Some(state),
+                Err(e) => warn!("cannot tell trainlet exec where the cluster stands: {e}"),
+            }
+        }
+    }
+}
