@@ -35,6 +35,11 @@ pub struct Policy {
     pub backoff: Duration,
 }
 
+/// How long exec waits, after CMD failed while the cluster looked current, for a peer
+/// change to show: a broken collective usually fails within a second of the peer's
+/// death, and the API server's watch tells of the pod about as fast.
+pub const SETTLE: Duration = Duration::from_secs(5);
+
 /// The longest delay between two restarts, as the seeds' operator has it.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(360);
 

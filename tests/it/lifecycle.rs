@@ -79,6 +79,29 @@ fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Me
     }
 }
 
+/// SIGKILLs the children of a process (CMD under trainlet exec).
+fn kill_children(pid: u32) {
+    let mut killed = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: u32 = rest.split_whitespace().nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            let child: i32 = e.file_name().to_str().unwrap().parse().unwrap();
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 1, "CMD of pid {pid}");
+}
+
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -150,8 +173,11 @@ async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address()
     wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
 
     // Pod 1 is deleted; the real Job controller replaces it, and the test gives the
-    // replacement a new IP.
+    // replacement a new IP. Pod 0's CMD dies first, as a framework's broken collective
+    // does: exec waits for the peer change that explains it and restarts, not exits.
     let first = members[1].pod.clone();
+    kill_children(members[0].exec.pid());
+    tokio::time::sleep(Duration::from_millis(300)).await;
     delete_pod(&client, &ns, &mut members[1]).await;
     let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
     kubelet.run(&replacement, "10.9.0.21").await;

@@ -29,6 +29,42 @@ impl Engine {
         (text != "current").then_some(text)
     }
 
+    /// CMD failed while the cluster looked current: waits up to [`restart::SETTLE`] for
+    /// the peer watch (or the sidecar) to tell a peer change, which then restarts CMD
+    /// instead of ending exec. Nothing to wait for with `--on-peer-change report`.
+    async fn settle(&mut self, signals: &mut Signals) {
+        if self.cfg.restart.on_change == OnPeerChange::Report {
+            return;
+        }
+        info!(
+            "the command failed; waiting up to {:?} for a peer change to explain it",
+            restart::SETTLE
+        );
+        let deadline = Instant::now() + restart::SETTLE;
+        while self.act_on_stale().is_none() && Instant::now() < deadline {
+            tokio::select! {
+                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => {
+                    if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
+                        self.evaluate();
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if self.peers_in.as_mut().is_some_and(|p| p.read()) {
+                        self.evaluate();
+                    }
+                }
+                sig = signals.recv() => match sig {
+                    Some(signal::SIGCHLD) => self.reap(),
+                    Some(s) if signal::STOP.contains(&s) => {
+                        self.stop = true;
+                        return;
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
     /// Stops CMD for a restart or an exit: SIGTERM, then SIGKILL after `grace`, to CMD
     /// and to whatever of its tree is left (orphans are trainlet's children, as it is
     /// their subreaper), so that nothing of the old CMD holds a port or a GPU when the
@@ -191,6 +227,17 @@ pub async fn exec(
         }
         if engine.stop {
             break;
+        }
+        // A framework often fails at once when a peer dies (a broken collective), before
+        // the watch has seen the pod go: give the watch a moment before ending with
+        // CMD's status.
+        let failed = engine
+            .child
+            .as_ref()
+            .and_then(|c| c.exit)
+            .is_some_and(|code| code != 0);
+        if failed && !engine.terminating && engine.act_on_stale().is_none() {
+            engine.settle(&mut signals).await;
         }
         let Some(stale) = engine.act_on_stale() else {
             break;

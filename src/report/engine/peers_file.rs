@@ -21,6 +21,8 @@ pub(super) struct Outgoing {
     written: Option<PeersState>,
     /// The (exec epoch, restart number) whose wait was answered.
     answered: Option<(String, u32)>,
+    /// The last write failed (logged once).
+    failed: bool,
 }
 
 impl Outgoing {
@@ -34,6 +36,7 @@ impl Outgoing {
             generation,
             written: None,
             answered: None,
+            failed: false,
         })
     }
 }
@@ -156,8 +159,17 @@ impl Engine {
         };
         if out.written.as_ref() != Some(&state) {
             match peers::write(&out.dir, &state) {
-                Ok(()) => out.written = Some(state),
-                Err(e) => warn!("cannot tell trainlet exec where the cluster stands: {e}"),
+                Ok(()) => {
+                    out.written = Some(state);
+                    out.failed = false;
+                }
+                Err(e) if !out.failed => {
+                    warn!(
+                        "cannot tell trainlet exec where the cluster stands: {e} (mount init's volume writable in the sidecar, as inject --wrap does)"
+                    );
+                    out.failed = true;
+                }
+                Err(_) => {}
             }
         }
     }
