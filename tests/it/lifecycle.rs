@@ -411,7 +411,7 @@ struct HandoverPod {
     _dir: tempfile::TempDir,
 }
 
-fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16) -> HandoverPod {
+fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -> HandoverPod {
     let dir = tempfile::tempdir().unwrap();
     let (files, observed, home) = (
         dir.path().join("trainlet"),
@@ -460,7 +460,7 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16) -> HandoverPod 
         ])
         .args([
             "--on-peer-change",
-            "restart",
+            policy,
             "--restart-backoff",
             "1s",
             "--restart-grace",
@@ -473,7 +473,12 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16) -> HandoverPod 
             r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
         ])
         .env("HOME", &home)
-        .env("STARTS", &starts);
+        .env("STARTS", &starts)
+        .env(
+            "TRAINLET_TERMINATION_LOG",
+            dir.path().join("termination-log"),
+        );
+    std::fs::write(dir.path().join("termination-log"), "").unwrap();
     HandoverPod {
         pod: pod.to_string(),
         sidecar,
@@ -522,7 +527,7 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
     }
     let mut pods: Vec<HandoverPod> = names
         .iter()
-        .map(|p| start_handover_pod(&kc, &ns, p, port))
+        .map(|p| start_handover_pod(&kc, &ns, p, port, "restart"))
         .collect();
     for p in &pods {
         assert!(p.wait_starts(1).await[0].contains("\"10.9.1.11:"));
@@ -544,7 +549,7 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
     );
     let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
     kubelet.run(&replacement, "10.9.1.21").await;
-    pods[1] = start_handover_pod(&kc, &ns, &replacement, port);
+    pods[1] = start_handover_pod(&kc, &ns, &replacement, port, "restart");
 
     for i in [0, 2] {
         let starts = pods[i].wait_starts(2).await;
@@ -593,5 +598,46 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
             "{pod}: {w:?}"
         );
     }
+    delete_namespace(&client, &ns).await;
+}
+
+/// `exit` in the shipped layout: exec learns of the lost peer from the sidecar's
+/// peers.json, stops CMD and exits 7 with the reason as its termination message, so
+/// that the Job controller replaces the pod.
+#[tokio::test]
+async fn with_exit_exec_stops_cmd_and_exits_7_on_the_sidecars_word() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "handover-exit", dir.path()).await;
+    indexed_job(&client, &ns, "w", 2, "app=w", serde_json::json!({})).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let port = free_port();
+    let mut pods = Vec::new();
+    for i in 0..2 {
+        let pod = wait_job_pod(&client, &ns, "w", i, &[]).await;
+        kubelet.run(&pod, &format!("10.9.2.{}", 10 + i)).await;
+        pods.push(pod);
+    }
+    let mut members: Vec<HandoverPod> = pods
+        .iter()
+        .map(|p| start_handover_pod(&kc, &ns, p, port, "exit"))
+        .collect();
+    for m in &members {
+        m.wait_starts(1).await;
+    }
+    wait_annotation(&client, &ns, &pods[0], "trainlet.io/cluster", "current").await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete(&pods[1], &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    members[1].exec.terminate();
+    let (code, _) = members[0].exec.wait(Duration::from_secs(30));
+    assert_eq!(code, 7, "{}", members[0].exec.stderr());
+    let termination = members[0].starts.with_file_name("termination-log");
+    assert_eq!(
+        std::fs::read_to_string(termination).unwrap(),
+        "the cluster changed (stale: worker/1 10.9.2.11 → none); exiting so that the pod is replaced"
+    );
+    assert_eq!(members[0].wait_starts(1).await.len(), 1);
     delete_namespace(&client, &ns).await;
 }
