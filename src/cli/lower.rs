@@ -336,6 +336,7 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
             max_restarts: defaults::MAX_RESTARTS,
             grace: parse_duration("--restart-grace", defaults::RESTART_GRACE)?,
             backoff: parse_duration("--restart-backoff", defaults::RESTART_BACKOFF)?,
+            wait: None,
         },
     })
 }
@@ -354,6 +355,7 @@ pub fn exec_report_config(
         max_restarts: a.max_restarts,
         grace: parse_duration("--restart-grace", &a.restart_grace)?,
         backoff: parse_duration("--restart-backoff", &a.restart_backoff)?,
+        wait: Some(parse_duration("--timeout", &a.init.output.timeout)?).filter(|t| !t.is_zero()),
     };
     if a.on_peer_change != OnPeerChange::Report {
         let what = a

@@ -33,6 +33,9 @@ pub struct Policy {
     pub grace: Duration,
     /// The delay before the first restart; it doubles for each later one.
     pub backoff: Duration,
+    /// How long a restart waits for the cluster to be complete again (init's
+    /// `--timeout`); `None` waits forever.
+    pub wait: Option<Duration>,
 }
 
 /// How long exec waits, after CMD failed while the cluster looked current, for a peer
@@ -94,6 +97,7 @@ mod tests {
             max_restarts: max,
             grace: Duration::from_secs(30),
             backoff: Duration::from_secs(10),
+            wait: None,
         }
     }
 

@@ -112,10 +112,11 @@ impl Engine {
     /// exec handing over: says in its observation that it waits, then waits until the
     /// sidecar has moved the files to the replacements and says `current` with a
     /// higher generation. With credentials, nothing: the init workflow waits itself.
-    pub(super) async fn wait_for_moved_files(&mut self) {
+    pub(super) async fn wait_for_moved_files(&mut self) -> Result<(), crate::Failure> {
         let Some(before) = self.peers_in.as_ref().map(peers_file::Incoming::generation) else {
-            return;
+            return Ok(());
         };
+        let deadline = self.cfg.restart.wait.map(|w| Instant::now() + w);
         if let Some(r) = self.restart_obs.as_mut() {
             r.waiting = true;
         }
@@ -126,8 +127,21 @@ impl Engine {
             if let Some(p) = self.peers_in.as_mut() {
                 p.read();
                 if p.generation() > before && p.stale().is_none() {
-                    return;
+                    return Ok(());
                 }
+            }
+            if let Some(d) = deadline
+                && Instant::now() >= d
+            {
+                let wait = self.cfg.restart.wait.unwrap_or_default();
+                let stale = self.act_on_stale().unwrap_or_default();
+                return Err(crate::Failure::new(
+                    Code::NotReady,
+                    format!(
+                        "the trainlet sidecar did not see the cluster complete again within --timeout {} ({stale}); is the sidecar running with --observations and --cluster-file, and is the replacement up?",
+                        humantime::format_duration(wait)
+                    ),
+                ));
             }
             tokio::select! {
                 _ = peers_file::next_state(&mut self.peers_in) => {}
@@ -286,7 +300,7 @@ pub async fn exec(
                 let next = tokio::select! {
                     next = async {
                         tokio::time::sleep(delay).await;
-                        engine.wait_for_moved_files().await;
+                        engine.wait_for_moved_files().await?;
                         respawn().await
                     } => next,
                     _ = wait_for_stop(&mut signals) => break,

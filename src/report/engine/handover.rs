@@ -188,7 +188,7 @@ impl Engine {
                     .iter()
                     .map(|x| (x.error.clone(), x.count))
                     .collect(),
-                restarts: 0,
+                restarts: mark.restarts,
             };
             info!(
                 epoch = %mark.epoch,
@@ -282,6 +282,7 @@ impl Engine {
         Some(ExecMark {
             epoch: inbox.published.epoch.clone(),
             kills: inbox.published.kills,
+            restarts: inbox.published.restarts,
         })
     }
 

@@ -59,12 +59,18 @@ pub struct GpuSection {
 }
 
 /// What the sidecar has published from `trainlet exec`'s observations: the run of exec
-/// (`epoch`) and its last kill announced. Read back after a restart of the sidecar, so
-/// that nothing is announced twice.
+/// (`epoch`), its last kill and its restarts announced. Read back after a restart of
+/// the sidecar, so that nothing is announced twice.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecMark {
     pub epoch: String,
     pub kills: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One GPU's XID and how often it occurred.
