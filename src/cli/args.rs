@@ -326,8 +326,9 @@ pub struct ExecArgs {
     pub report_args: ReportArgs,
 
     /// What to do when a peer of the resolved cluster is lost or replaced at another
-    /// address after the start (exec watches the peers of cluster.json; it needs API
-    /// credentials). `report`: PeerLost/PeerReplaced Events, trainlet.io/cluster
+    /// address after the start (exec watches the peers of cluster.json itself with API
+    /// credentials; with --observations the trainlet sidecar watches and tells it through
+    /// peers.json). `report`: PeerLost/PeerReplaced Events, trainlet.io/cluster
     /// `stale: …`, health degraded; CMD runs on. `restart`: stop CMD (SIGTERM, then
     /// SIGKILL after --restart-grace), wait until the cluster is complete again,
     /// rewrite the files and start CMD again with the new addresses, as every other

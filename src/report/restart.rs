@@ -18,8 +18,8 @@ pub enum OnPeerChange {
     Report,
     /// Stop CMD, wait for the cluster, rewrite the files, start CMD again.
     Restart,
-    /// Stop CMD and exit with [`crate::Code::PeerChanged`], so the Job controller
-    /// replaces the pod and its init resolves the new cluster.
+    /// Stop CMD and exit 7, so the Job controller replaces the pod and its init
+    /// resolves the new cluster.
     Exit,
 }
 
