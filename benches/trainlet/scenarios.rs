@@ -17,7 +17,9 @@ pub async fn run_all() {
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
-    let cp = support::PrivateControlPlane::start("bench");
+    // Only the ServiceAccount controller (a namespace's default ServiceAccount): the
+    // garbage collector's periodic discovery would show in the API server's counters.
+    let cp = support::PrivateControlPlane::start_with("bench", Some("serviceaccount"));
     let client = support::client_from(&cp.kubeconfig).await;
     let bin = Path::new(env!("CARGO_BIN_EXE_trainlet"));
     let sizes: Vec<usize> = std::env::var("TRAINLET_BENCH_SIZES")

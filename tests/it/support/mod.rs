@@ -633,8 +633,18 @@ pub struct PrivateControlPlane {
 
 impl PrivateControlPlane {
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, None)
+    }
+
+    /// With only these kube-controller-manager controllers (`up`'s
+    /// TRAINLET_CONTROLLERS), e.g. for a benchmark that counts the API server's requests.
+    pub fn start_with(name: &str, controllers: Option<&str>) -> Self {
         let dir = repo().join("target").join(format!("control-plane-{name}"));
-        let out = Command::new(repo().join("tests/control-plane/up"))
+        let mut up = Command::new(repo().join("tests/control-plane/up"));
+        if let Some(c) = controllers {
+            up.env("TRAINLET_CONTROLLERS", c);
+        }
+        let out = up
             .env("TRAINLET_CONTROL_PLANE_DIR", &dir)
             .stdin(Stdio::null())
             .output()
