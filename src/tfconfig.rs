@@ -245,6 +245,14 @@ pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), Outpu
     Ok(())
 }
 
+/// Whether a file name is one that trainlet writes: [`WRITTEN`] or `<type>.host`.
+fn is_written(name: &str) -> bool {
+    let host_file = name.strip_suffix(".host").is_some_and(|t| {
+        !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    });
+    WRITTEN.contains(&name) || host_file
+}
+
 /// Whether a file name is one of [`write_atomic`]'s temporary files, which a run killed
 /// between creating and renaming it leaves behind: `.tf_config.json.a1B2c3`. Nothing
 /// else matches, so a clean-up never touches a file that is not trainlet's.
@@ -252,10 +260,7 @@ pub fn is_leftover(file: &str) -> bool {
     let Some((name, random)) = file.strip_prefix('.').and_then(|f| f.rsplit_once('.')) else {
         return false;
     };
-    let host_file = name.strip_suffix(".host").is_some_and(|t| {
-        !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    });
-    (WRITTEN.contains(&name) || host_file)
+    is_written(name)
         && random.len() == TEMP_RANDOM
         && random.bytes().all(|b| b.is_ascii_alphanumeric())
 }
@@ -285,19 +290,14 @@ pub fn rehost_outputs(
     moved: &[(String, Move, String, String)],
 ) -> Result<(), OutputError> {
     let moves: Vec<Move> = moved.iter().map(|(_, m, _, _)| m.clone()).collect();
-    let host_files = std::fs::read_dir(dir)
+    let names: Vec<String> = std::fs::read_dir(dir)
         .map_err(|source| OutputError::Read {
             path: dir.to_path_buf(),
             source,
         })?
         .flatten()
         .filter_map(|e| e.file_name().to_str().map(String::from))
-        .filter(|n| n.ends_with(".host") && !n.starts_with('.'));
-    let names: Vec<String> = WRITTEN
-        .iter()
-        .filter(|n| ![CLUSTER_FILE, PEERS_FILE, BINARY_FILE].contains(n))
-        .map(|n| n.to_string())
-        .chain(host_files)
+        .filter(|n| is_written(n) && ![CLUSTER_FILE, PEERS_FILE, BINARY_FILE].contains(&n.as_str()))
         .collect();
     for name in names {
         let path = dir.join(&name);

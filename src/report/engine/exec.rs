@@ -43,16 +43,10 @@ impl Engine {
         let deadline = Instant::now() + restart::SETTLE;
         while self.act_on_stale().is_none() && Instant::now() < deadline {
             tokio::select! {
-                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => {
-                    if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
-                        self.evaluate();
-                    }
-                }
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                    if self.peers_in.as_mut().is_some_and(|p| p.read()) {
-                        self.evaluate();
-                    }
-                }
+                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
+                Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
+                // Where inotify is missing, the file is read once more at the end.
+                _ = tokio::time::sleep_until(deadline.into()) => self.on_peers_file(),
                 sig = signals.recv() => match sig {
                     Some(signal::SIGCHLD) => self.reap(),
                     Some(s) if signal::STOP.contains(&s) => {
@@ -122,7 +116,10 @@ impl Engine {
         }
         self.hand_over(None);
         info!("waiting for the trainlet sidecar to see every task live again and move the files");
-        let mut tick = tokio::time::interval(self.cfg.interval.min(Duration::from_secs(1)));
+        // Every --interval: the observation stays fresh for the sidecar, and the file is
+        // read where inotify is missing.
+        let every = self.cfg.interval;
+        let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);
         loop {
             if let Some(p) = self.peers_in.as_mut() {
                 p.read();
@@ -285,7 +282,7 @@ pub async fn exec(
                     // The sidecar announces it.
                     engine.restart_obs = Some(crate::report::handover::RestartObservation {
                         restarts: n,
-                        note: crate::report::handover::bounded(&note),
+                        note: crate::publish::truncate(&note, crate::report::handover::MAX_TEXT),
                         waiting: false,
                     });
                     engine.hand_over(None);
@@ -311,13 +308,13 @@ pub async fn exec(
                 if let Some(r) = engine.restart_obs.as_mut() {
                     r.waiting = false;
                 }
-                // The new cluster is the one to watch from now on.
-                engine.peers = engine
-                    .cfg
-                    .cluster_file
-                    .as_deref()
-                    .and_then(peer_watch::PeerWatch::load);
-                engine.start_peer_watch();
+                // The new cluster is the one to watch from now on. It was resolved with
+                // the same selectors, so the watches stay (no new list of the pods).
+                if let (Some(p), Some(f)) =
+                    (engine.peers.as_mut(), engine.cfg.cluster_file.as_deref())
+                {
+                    p.reload(f);
+                }
                 engine.evaluate();
             }
         }

@@ -289,13 +289,7 @@ impl Engine {
     /// Sidecar: watches the directory, so a new version is read at once.
     pub(super) fn watch_observations(&mut self) {
         if let Some(inbox) = self.inbox.as_mut() {
-            match Watch::new(&inbox.dir, handover::FILE) {
-                Ok(w) => inbox.watch = Some(w),
-                Err(e) => warn!(
-                    "{e}; reading {} every --interval instead",
-                    inbox.dir.join(handover::FILE).display()
-                ),
-            }
+            inbox.watch = Watch::or_poll(&inbox.dir, handover::FILE);
         }
     }
 }
@@ -310,17 +304,8 @@ pub(super) fn xid_label(e: &crate::report::xid::XidError) -> XidLabel {
 
 /// The next new version in the directory, or never without a watch.
 pub(super) async fn next_version(inbox: &mut Option<Inbox>) -> Option<()> {
-    match inbox.as_mut().and_then(|i| i.watch.as_mut()) {
-        Some(w) => match w.wait().await {
-            Ok(()) => Some(()),
-            Err(e) => {
-                warn!("watching the observations: {e}; reading them every --interval instead");
-                if let Some(i) = inbox.as_mut() {
-                    i.watch = None;
-                }
-                Some(())
-            }
-        },
+    match inbox.as_mut() {
+        Some(i) => file::woken(&mut i.watch).await,
         None => std::future::pending().await,
     }
 }

@@ -445,16 +445,8 @@ impl Engine {
                     }
                     None => pods = None,
                 },
-                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => {
-                    if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
-                        self.evaluate();
-                    }
-                }
-                Some(()) = peers_file::next_state(&mut self.peers_in) => {
-                    if self.peers_in.as_mut().is_some_and(|p| p.read()) {
-                        self.evaluate();
-                    }
-                }
+                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
+                Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
                 Some(()) = handover::next_version(&mut self.inbox) => {
                     if self.read_observations() {
                         self.evaluate();
@@ -503,6 +495,20 @@ impl Engine {
             {
                 break;
             }
+        }
+    }
+
+    /// One event of the peer watch; a new report when where the tasks stand changed.
+    fn on_peer_event(&mut self, i: usize, ev: peer_watch::PeerEvent) {
+        if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
+            self.evaluate();
+        }
+    }
+
+    /// exec: reads the sidecar's peers.json; a new report when it changed.
+    fn on_peers_file(&mut self) {
+        if self.peers_in.as_mut().is_some_and(|p| p.read()) {
+            self.evaluate();
         }
     }
 

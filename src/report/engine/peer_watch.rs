@@ -19,7 +19,10 @@ use crate::tfconfig;
 /// list (no RBAC, the API server away) must not hold the report back.
 pub(super) const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-type Events = BoxStream<'static, (usize, Result<watcher::Event<Pod>, watcher::Error>)>;
+/// One event of one selector's watch.
+pub(super) type PeerEvent = Result<watcher::Event<Pod>, watcher::Error>;
+
+type Events = BoxStream<'static, (usize, PeerEvent)>;
 
 pub(super) struct PeerWatch {
     resolved: Vec<Resolved>,
@@ -75,9 +78,9 @@ impl PeerWatch {
         })
     }
 
-    /// Takes the resolved tasks from `cluster.json` again (the sidecar moved them to
-    /// their replacements), keeping the watches; returns whether where the tasks stand
-    /// changed.
+    /// Takes the resolved tasks from `cluster.json` again (exec resolved them again, or
+    /// the sidecar moved them to their replacements), keeping the watches: the
+    /// selectors are the same. Returns whether where the tasks stand changed.
     pub fn reload(&mut self, path: &Path) -> bool {
         match tfconfig::read_cluster_file(path) {
             Ok(file) => self.resolved = resolved_of(&file),
@@ -107,7 +110,7 @@ impl PeerWatch {
     }
 
     /// Applies one watch event; returns whether where the tasks stand changed.
-    pub fn on_event(&mut self, i: usize, ev: Result<watcher::Event<Pod>, watcher::Error>) -> bool {
+    pub fn on_event(&mut self, i: usize, ev: PeerEvent) -> bool {
         let live = |p: &Pod| {
             let status = p.status.as_ref();
             Live::of(
@@ -182,9 +185,7 @@ fn resolved_of(file: &tfconfig::ClusterFile) -> Vec<Resolved> {
 }
 
 /// The next peer event, or never without a watch.
-pub(super) async fn next_event(
-    w: &mut Option<PeerWatch>,
-) -> Option<(usize, Result<watcher::Event<Pod>, watcher::Error>)> {
+pub(super) async fn next_event(w: &mut Option<PeerWatch>) -> Option<(usize, PeerEvent)> {
     match w.as_mut().and_then(|w| w.events.as_mut()) {
         Some(s) => s.next().await,
         None => std::future::pending().await,

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::Engine;
 use crate::cluster::drift;
-use crate::report::handover::file::Watch;
+use crate::report::handover::file::{self, Watch};
 use crate::report::handover::peers::{self, PeersState, VERSION};
 use crate::tfconfig;
 
@@ -80,32 +80,14 @@ impl Incoming {
     /// Wakes on a new version of the file; without inotify, exec reads it every
     /// `--interval`.
     pub fn watch(&mut self) {
-        match Watch::new(&self.dir, peers::FILE) {
-            Ok(w) => self.watch = Some(w),
-            Err(e) => warn!(
-                "{e}; reading {} every --interval instead",
-                self.dir.join(peers::FILE).display()
-            ),
-        }
+        self.watch = Watch::or_poll(&self.dir, peers::FILE);
     }
 }
 
 /// The next new version of `peers.json`, or never without a watch.
 pub(super) async fn next_state(incoming: &mut Option<Incoming>) -> Option<()> {
-    match incoming.as_mut().and_then(|i| i.watch.as_mut()) {
-        Some(w) => match w.wait().await {
-            Ok(()) => Some(()),
-            Err(e) => {
-                warn!(
-                    "watching {}: {e}; reading it every --interval instead",
-                    peers::FILE
-                );
-                if let Some(i) = incoming.as_mut() {
-                    i.watch = None;
-                }
-                Some(())
-            }
-        },
+    match incoming.as_mut() {
+        Some(i) => file::woken(&mut i.watch).await,
         None => std::future::pending().await,
     }
 }

@@ -573,6 +573,18 @@ mod tests {
         }
     }
 
+    /// No GPU: the NVML library is not there, for `why`.
+    fn no_nvml(why: &str) -> GpuInfo {
+        GpuInfo {
+            devices: vec![],
+            driver: None,
+            nvml: Err(Unavailable::LibraryNotFound {
+                lib: "libnvidia-ml.so.1".into(),
+                why: why.into(),
+            }),
+        }
+    }
+
     fn limit(n: u32) -> Expected {
         Expected {
             count: n,
@@ -664,15 +676,8 @@ mod tests {
         assert_eq!(a[keys::OOM_KILLS], Some("1".into()));
         assert_eq!(a[keys::HEALTH], Some("degraded".into()));
 
-        let none = GpuInfo {
-            devices: vec![],
-            driver: None,
-            nvml: Err(Unavailable::LibraryNotFound {
-                lib: "libnvidia-ml.so.1".into(),
-                why: "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
-                    .into(),
-            }),
-        };
+        let none =
+            no_nvml("libnvidia-ml.so.1: cannot open shared object file: No such file or directory");
         let one = limit(1);
         let r = observe(&none, Some(&one), &BTreeMap::new(), &BTreeMap::new(), &[]);
         assert_eq!(r.gpu.status, GpuStatus::Unavailable);
@@ -952,14 +957,7 @@ mod tests {
     #[test]
     fn step_gpu_unavailable_is_announced_once() {
         let mut st = State::default();
-        let none = GpuInfo {
-            devices: vec![],
-            driver: None,
-            nvml: Err(Unavailable::LibraryNotFound {
-                lib: "libnvidia-ml.so.1".into(),
-                why: "not found".into(),
-            }),
-        };
+        let none = no_nvml("not found");
         let e = limit(2);
         let s = step(&mut st, &none, Some(&e), &free(), &[]);
         assert_eq!(s.report.health, Health::Degraded);
@@ -1075,14 +1073,7 @@ mod tests {
 
     #[test]
     fn an_unknown_gpu_count_is_said_so_and_is_no_problem() {
-        let none = GpuInfo {
-            devices: vec![],
-            driver: None,
-            nvml: Err(Unavailable::LibraryNotFound {
-                lib: "libnvidia-ml.so.1".into(),
-                why: "not found".into(),
-            }),
-        };
+        let none = no_nvml("not found");
         let e = limit(4);
         let mut st = State::default();
         let s = st.step(Observed {

@@ -75,6 +75,19 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Watches for `name` in `dir`; `None` (logged) where inotify cannot, and the
+    /// reader falls back to reading it every `--interval`.
+    pub fn or_poll(dir: &Path, name: &'static str) -> Option<Watch> {
+        Watch::new(dir, name)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "{e}; reading {} every --interval instead",
+                    dir.join(name).display()
+                )
+            })
+            .ok()
+    }
+
     /// Watches for `name` in `dir`. Must run inside the tokio runtime.
     pub fn new(dir: &Path, name: &'static str) -> Result<Watch, String> {
         let ino = inotify::Inotify::init().map_err(|e| format!("inotify: {e}"))?;
@@ -108,4 +121,20 @@ impl Watch {
             }
         }
     }
+}
+
+/// The next new version of a watched file, or never without a watch. A watch that
+/// fails is dropped (logged), and the reader goes on reading every `--interval`.
+pub async fn woken(watch: &mut Option<Watch>) -> Option<()> {
+    let Some(w) = watch.as_mut() else {
+        return std::future::pending().await;
+    };
+    if let Err(e) = w.wait().await {
+        tracing::warn!(
+            "watching {}: {e}; reading it every --interval instead",
+            w.name
+        );
+        *watch = None;
+    }
+    Some(())
 }

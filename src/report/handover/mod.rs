@@ -51,7 +51,7 @@ const MAX_PORTS: usize = 1024;
 const MAX_KILLS: usize = crate::report::oom::ledger::KEEP_KILLS;
 const MAX_ERRORS: usize = 8;
 /// Longest string in an observation (a UUID is 40, a comm 15, an NVML error ~200).
-const MAX_TEXT: usize = 512;
+pub const MAX_TEXT: usize = 512;
 
 /// Everything exec observed, as of one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -313,16 +313,6 @@ fn validate(o: &Observation) -> Result<(), String> {
         text("restart.note", &r.note, MAX_TEXT)?;
     }
     Ok(())
-}
-
-/// Cuts `s` to at most [`MAX_TEXT`] bytes at a character boundary: what exec puts in an
-/// observation must pass [`parse`].
-pub fn bounded(s: &str) -> String {
-    let mut end = s.len().min(MAX_TEXT);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }
 
 impl Observation {
