@@ -592,12 +592,7 @@ async fn pytorch_all_reduces_again_after_its_master_is_replaced() {
         })
         .await
     };
-    let mut names = Vec::new();
-    for i in 0..3 {
-        let name = wait_job_pod(&client, &ns, "torch", i, &[]).await;
-        kubelet.run(&name, &format!("127.0.21.{}", i + 2)).await;
-        names.push(name);
-    }
+    let names = run_job_pods(&client, &ns, "torch", 3, |i| format!("127.0.21.{}", i + 2)).await;
     let mut execs: Vec<Reporter> = (0..3).map(|k| start(k, &names[k])).collect();
     for k in 0..3 {
         assert_eq!(wait_ranks(k, 1).await, [format!("rank={k} world=3 sum=3")]);

@@ -486,13 +486,8 @@ async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
     let ns = namespace(&client, "owner").await;
     // The real Job controller makes the pods (owned by the Job); the test runs them.
     crate::support::jobs::indexed_job(&client, &ns, "w", 2, "app=owned", json!({})).await;
-    let kubelet = Kubelet::new(&client, &ns);
-    let mut names = Vec::new();
-    for i in 0..2 {
-        let name = crate::support::jobs::wait_job_pod(&client, &ns, "w", i, &[]).await;
-        kubelet.run(&name, &format!("10.6.0.{i}")).await;
-        names.push(name);
-    }
+    let names =
+        crate::support::jobs::run_job_pods(&client, &ns, "w", 2, |i| format!("10.6.0.{i}")).await;
     // Run as the manifests' ServiceAccount: its Role must allow reading the Job.
     apply_rbac(&ns);
     let dir = tempfile::tempdir().unwrap();

@@ -17,19 +17,24 @@ use crate::report_support::*;
 use crate::support::jobs::*;
 use crate::support::*;
 
-/// One pod's container: `trainlet exec` and what its CMD wrote at each start.
-struct Member {
+/// CMD of every test here: one line per start, the time it started and its
+/// TF_CONFIG, then it sleeps.
+const CMD: [&str; 3] = [
+    "sh",
+    "-c",
+    r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
+];
+
+/// What a pod's CMD wrote at each start (the file `$STARTS` of [`CMD`]).
+struct Starts {
     pod: String,
-    exec: Reporter,
-    starts: PathBuf,
-    termination: PathBuf,
-    _dir: tempfile::TempDir,
+    path: PathBuf,
 }
 
-impl Member {
-    /// Each start of CMD is one line: the time it started and its TF_CONFIG.
-    fn starts(&self) -> Vec<(f64, String)> {
-        std::fs::read_to_string(&self.starts)
+impl Starts {
+    /// (the time it started, its TF_CONFIG), one per start.
+    fn read(&self) -> Vec<(f64, String)> {
+        std::fs::read_to_string(&self.path)
             .unwrap_or_default()
             .lines()
             .map(|l| {
@@ -39,14 +44,23 @@ impl Member {
             .collect()
     }
 
-    async fn wait_starts(&self, n: usize) -> Vec<(f64, String)> {
+    async fn wait(&self, n: usize) -> Vec<(f64, String)> {
         eventually(
             &format!("{n} starts of CMD in pod {}", self.pod),
             Duration::from_secs(90),
-            || async { (self.starts().len() >= n).then(|| self.starts()) },
+            || async { (self.read().len() >= n).then(|| self.read()) },
         )
         .await
     }
+}
+
+/// One pod's container: `trainlet exec` and what its CMD wrote at each start.
+struct Member {
+    pod: String,
+    exec: Reporter,
+    starts: Starts,
+    termination: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 /// Starts `trainlet exec` for a pod, as its container would: it resolves (nothing was
@@ -61,19 +75,18 @@ fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Me
     let port = port.to_string();
     let mut args = vec!["--job", "worker=app=w", "--port", &port];
     args.extend_from_slice(extra);
-    args.extend([
-        "--",
-        "sh",
-        "-c",
-        r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
-    ]);
+    args.push("--");
+    args.extend(CMD);
     let mut cmd = exec_cmd(kc, ns, pod, &out, &args);
     cmd.env("STARTS", &starts)
         .env("TRAINLET_TERMINATION_LOG", &termination);
     Member {
         pod: pod.to_string(),
         exec: Reporter::start(cmd),
-        starts,
+        starts: Starts {
+            pod: pod.to_string(),
+            path: starts,
+        },
         termination,
         _dir: dir,
     }
@@ -81,25 +94,18 @@ fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Me
 
 /// SIGKILLs the children of a process (CMD under trainlet exec).
 fn kill_children(pid: u32) {
-    let mut killed = 0;
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let ppid: u32 = rest.split_whitespace().nth(1).unwrap().parse().unwrap();
-        if ppid == pid {
-            let child: i32 = e.file_name().to_str().unwrap().parse().unwrap();
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            killed += 1;
-        }
-    }
-    assert_eq!(killed, 1, "CMD of pid {pid}");
+    use trainlet::report::oom::procs;
+    let children: Vec<u32> = procs::all_processes(Path::new("/proc"), procs::page_size())
+        .into_iter()
+        .filter(|p| p.ppid == pid)
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(children.len(), 1, "CMD of pid {pid}: {children:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(children[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
 }
 
 fn unix_now() -> f64 {
@@ -129,19 +135,17 @@ async fn job_of_three(
     extra: &[&str],
 ) -> (Kubelet, u16, Vec<Member>) {
     indexed_job(client, ns, "w", 3, "app=w", serde_json::json!({})).await;
-    let kubelet = Kubelet::new(client, ns);
     let port = free_port();
-    let mut members = Vec::new();
-    for i in 0..3 {
-        let pod = wait_job_pod(client, ns, "w", i, &[]).await;
-        kubelet.run(&pod, &format!("10.9.0.{}", 10 + i)).await;
-        members.push(start_member(kc, ns, &pod, port, extra));
-    }
+    let names = run_job_pods(client, ns, "w", 3, |i| format!("10.9.0.{}", 10 + i)).await;
+    let members: Vec<Member> = names
+        .iter()
+        .map(|pod| start_member(kc, ns, pod, port, extra))
+        .collect();
     for m in &members {
-        let starts = m.wait_starts(1).await;
+        let starts = m.starts.wait(1).await;
         assert!(starts[0].1.contains("\"10.9.0.11:"), "{}", starts[0].1);
     }
-    (kubelet, port, members)
+    (Kubelet::new(client, ns), port, members)
 }
 
 /// The kubelet's part when a pod is deleted: the container gets SIGTERM.
@@ -184,11 +188,11 @@ async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address()
     members[1] = start_member(&kc, &ns, &replacement, port, &flags);
 
     for i in [0, 2] {
-        let starts = members[i].wait_starts(2).await;
+        let starts = members[i].starts.wait(2).await;
         assert!(starts[1].1.contains("\"10.9.0.21:"), "{}", starts[1].1);
         assert!(!starts[1].1.contains("10.9.0.11"), "{}", starts[1].1);
     }
-    assert_eq!(members[1].wait_starts(1).await.len(), 1);
+    assert_eq!(members[1].starts.wait(1).await.len(), 1);
     wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
     for m in [&members[0], &members[2]] {
         let text = m.exec.metrics().await;
@@ -237,7 +241,7 @@ async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address()
     kubelet.run(&second, "10.9.0.31").await;
     members[1] = start_member(&kc, &ns, &second, port, &flags);
     for i in [0, 2] {
-        let starts = members[i].wait_starts(3).await;
+        let starts = members[i].starts.wait(3).await;
         assert!(starts[2].1.contains("\"10.9.0.31:"), "{}", starts[2].1);
         assert!(
             starts[2].0 - failed_at >= 2.0,
@@ -264,7 +268,7 @@ async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address()
     for i in [0, 2] {
         let (code, _) = members[i].exec.wait(Duration::from_secs(30));
         assert_eq!(code, 7, "{}", members[i].exec.stderr());
-        assert_eq!(members[i].starts().len(), 3);
+        assert_eq!(members[i].starts.read().len(), 3);
         assert_eq!(
             std::fs::read_to_string(&members[i].termination).unwrap(),
             "the cluster changed again (stale: worker/1 10.9.0.31 → none) after 2 restarts (--max-restarts 2); exiting so that the pod is replaced"
@@ -320,7 +324,7 @@ async fn with_report_nothing_restarts_and_the_cluster_is_current_again_on_the_ol
     assert_eq!(metric(&text, "trainlet_restarts_total"), Some(0.0));
     for i in [0, 2] {
         assert_eq!(
-            members[i].starts().len(),
+            members[i].starts.read().len(),
             1,
             "CMD of {} restarted",
             members[i].pod
@@ -403,11 +407,10 @@ fn bad_peer_change_flags_exit_2_with_one_line() {
 /// One pod of the shipped layout (`inject --wrap`): init's files, the sidecar with the
 /// token, and exec without any credentials, handing over.
 struct HandoverPod {
-    pod: String,
     sidecar: Reporter,
     exec: Reporter,
     files: PathBuf,
-    starts: PathBuf,
+    starts: Starts,
     _dir: tempfile::TempDir,
 }
 
@@ -466,12 +469,8 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -
             "--restart-grace",
             "5s",
         ])
-        .args([
-            "--",
-            "sh",
-            "-c",
-            r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
-        ])
+        .arg("--")
+        .args(CMD)
         .env("HOME", &home)
         .env("STARTS", &starts)
         .env(
@@ -480,30 +479,14 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -
         );
     std::fs::write(dir.path().join("termination-log"), "").unwrap();
     HandoverPod {
-        pod: pod.to_string(),
         sidecar,
         exec: Reporter::start(exec),
         files,
-        starts,
+        starts: Starts {
+            pod: pod.to_string(),
+            path: starts,
+        },
         _dir: dir,
-    }
-}
-
-impl HandoverPod {
-    async fn wait_starts(&self, n: usize) -> Vec<String> {
-        let read = || {
-            std::fs::read_to_string(&self.starts)
-                .unwrap_or_default()
-                .lines()
-                .map(String::from)
-                .collect::<Vec<_>>()
-        };
-        eventually(
-            &format!("{n} starts of CMD in pod {}", self.pod),
-            Duration::from_secs(90),
-            || async { (read().len() >= n).then(read) },
-        )
-        .await
     }
 }
 
@@ -519,18 +502,13 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
     indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
     let port = free_port();
-    let mut names = Vec::new();
-    for i in 0..3 {
-        let pod = wait_job_pod(&client, &ns, "w", i, &[]).await;
-        kubelet.run(&pod, &format!("10.9.1.{}", 10 + i)).await;
-        names.push(pod);
-    }
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.1.{}", 10 + i)).await;
     let mut pods: Vec<HandoverPod> = names
         .iter()
         .map(|p| start_handover_pod(&kc, &ns, p, port, "restart"))
         .collect();
     for p in &pods {
-        assert!(p.wait_starts(1).await[0].contains("\"10.9.1.11:"));
+        assert!(p.starts.wait(1).await[0].1.contains("\"10.9.1.11:"));
     }
     let p0 = names[0].clone();
     wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
@@ -552,9 +530,9 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
     pods[1] = start_handover_pod(&kc, &ns, &replacement, port, "restart");
 
     for i in [0, 2] {
-        let starts = pods[i].wait_starts(2).await;
-        assert!(starts[1].contains("\"10.9.1.21:"), "{}", starts[1]);
-        assert!(!starts[1].contains("10.9.1.11"), "{}", starts[1]);
+        let starts = pods[i].starts.wait(2).await;
+        assert!(starts[1].1.contains("\"10.9.1.21:"), "{}", starts[1].1);
+        assert!(!starts[1].1.contains("10.9.1.11"), "{}", starts[1].1);
         let tf = std::fs::read_to_string(pods[i].files.join("tf_config.json")).unwrap();
         assert!(tf.contains("\"10.9.1.21:"), "{tf}");
         let cluster: serde_json::Value = serde_json::from_str(
@@ -579,7 +557,7 @@ async fn without_credentials_exec_restarts_from_the_files_the_sidecar_moved() {
             serde_json::json!({"version": 1, "generation": 1, "cluster": "current"})
         );
     }
-    assert_eq!(pods[1].wait_starts(1).await.len(), 1);
+    assert_eq!(pods[1].starts.wait(1).await.len(), 1);
     wait_annotation(&client, &ns, &p0, "trainlet.io/cluster", "current").await;
     let text = pods[0].sidecar.metrics().await;
     assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
@@ -610,20 +588,14 @@ async fn with_exit_exec_stops_cmd_and_exits_7_on_the_sidecars_word() {
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(&client, "handover-exit", dir.path()).await;
     indexed_job(&client, &ns, "w", 2, "app=w", serde_json::json!({})).await;
-    let kubelet = Kubelet::new(&client, &ns);
     let port = free_port();
-    let mut pods = Vec::new();
-    for i in 0..2 {
-        let pod = wait_job_pod(&client, &ns, "w", i, &[]).await;
-        kubelet.run(&pod, &format!("10.9.2.{}", 10 + i)).await;
-        pods.push(pod);
-    }
+    let pods = run_job_pods(&client, &ns, "w", 2, |i| format!("10.9.2.{}", 10 + i)).await;
     let mut members: Vec<HandoverPod> = pods
         .iter()
         .map(|p| start_handover_pod(&kc, &ns, p, port, "exit"))
         .collect();
     for m in &members {
-        m.wait_starts(1).await;
+        m.starts.wait(1).await;
     }
     wait_annotation(&client, &ns, &pods[0], "trainlet.io/cluster", "current").await;
     Api::<Pod>::namespaced(client.clone(), &ns)
@@ -633,11 +605,11 @@ async fn with_exit_exec_stops_cmd_and_exits_7_on_the_sidecars_word() {
     members[1].exec.terminate();
     let (code, _) = members[0].exec.wait(Duration::from_secs(30));
     assert_eq!(code, 7, "{}", members[0].exec.stderr());
-    let termination = members[0].starts.with_file_name("termination-log");
+    let termination = members[0].starts.path.with_file_name("termination-log");
     assert_eq!(
         std::fs::read_to_string(termination).unwrap(),
         "the cluster changed (stale: worker/1 10.9.2.11 → none); exiting so that the pod is replaced"
     );
-    assert_eq!(members[0].wait_starts(1).await.len(), 1);
+    assert_eq!(members[0].starts.wait(1).await.len(), 1);
     delete_namespace(&client, &ns).await;
 }

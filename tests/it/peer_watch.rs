@@ -20,12 +20,7 @@ async fn a_replaced_peer_makes_the_cluster_stale_until_its_old_address_returns()
     let (ns, kc) = rbac_namespace(&client, "peers", dir.path()).await;
     indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
-    let mut names = Vec::new();
-    for i in 0..3 {
-        let name = wait_job_pod(&client, &ns, "w", i, &[]).await;
-        kubelet.run(&name, &format!("10.7.0.{}", 2 + i)).await;
-        names.push(name);
-    }
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.7.0.{}", 2 + i)).await;
     let (w0, w1) = (names[0].as_str(), names[1].as_str());
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();

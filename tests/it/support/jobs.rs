@@ -126,3 +126,22 @@ pub async fn wait_job_condition(client: &Client, ns: &str, job: &str, type_: &st
     )
     .await
 }
+
+/// Plays the scheduler and the kubelet for the first pod of each of a Job's `n`
+/// indexes: bound, Running at `ip(index)`. Returns their names, by index.
+pub async fn run_job_pods(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    n: u32,
+    ip: impl Fn(u32) -> String,
+) -> Vec<String> {
+    let kubelet = super::Kubelet::new(client, ns);
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = wait_job_pod(client, ns, job, i, &[]).await;
+        kubelet.run(&name, &ip(i)).await;
+        names.push(name);
+    }
+    names
+}
