@@ -308,13 +308,15 @@ pub async fn exec(
                 if let Some(r) = engine.restart_obs.as_mut() {
                     r.waiting = false;
                 }
-                // The new cluster is the one to watch from now on. It was resolved with
-                // the same selectors, so the watches stay (no new list of the pods).
-                if let (Some(p), Some(f)) =
-                    (engine.peers.as_mut(), engine.cfg.cluster_file.as_deref())
-                {
-                    p.reload(f);
-                }
+                // The new cluster is the one to watch from now on, from a fresh list:
+                // the old watches were not read while CMD was down, and what they
+                // buffered would first show the new cluster stale again.
+                engine.peers = engine
+                    .cfg
+                    .cluster_file
+                    .as_deref()
+                    .and_then(peer_watch::PeerWatch::load);
+                engine.start_peer_watch();
                 engine.evaluate();
             }
         }

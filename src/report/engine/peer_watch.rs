@@ -78,9 +78,9 @@ impl PeerWatch {
         })
     }
 
-    /// Takes the resolved tasks from `cluster.json` again (exec resolved them again, or
-    /// the sidecar moved them to their replacements), keeping the watches: the
-    /// selectors are the same. Returns whether where the tasks stand changed.
+    /// Takes the resolved tasks from `cluster.json` again (the sidecar moved them to
+    /// their replacements), keeping the watches, which are current; returns whether
+    /// where the tasks stand changed.
     pub fn reload(&mut self, path: &Path) -> bool {
         match tfconfig::read_cluster_file(path) {
             Ok(file) => self.resolved = resolved_of(&file),
