@@ -4,7 +4,17 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test deps control-plane down demo lint clean rootfs bench
+.PHONY: docs all build release portable monitoring test deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench
+
+# The control plane of the node that tests/it/node_examples.rs starts: its own, since
+# on the shared one the node's scheduler and kubelet would take the other tests' pods.
+NODE_CONTROL_PLANE := $(CURDIR)/target/control-plane-node
+
+# The portable binary: linked against glibc 2.17 (the manylinux2014 baseline) by
+# cargo-zigbuild, so that it starts in any glibc training image, where
+# `trainlet init --install-to` copies it. The image ships it (docker/Dockerfile says why).
+PORTABLE_TARGET := x86_64-unknown-linux-gnu
+PORTABLE := $(or $(CARGO_TARGET_DIR),target)/$(PORTABLE_TARGET)/release/trainlet
 
 all: build
 
@@ -14,6 +24,18 @@ build:
 release:
 	$(CARGO) build --release
 
+## target/x86_64-unknown-linux-gnu/release/trainlet, needing glibc 2.17 at most (cold: about
+## 9 minutes on 2 cores; then only what changed). cargo-zigbuild and Zig come from PyPI
+## (.ci/deps installs the versions in docker/zigbuild-requirements.txt).
+portable:
+	@command -v cargo-zigbuild >/dev/null || { echo "portable: no cargo-zigbuild on PATH; run .ci/deps (pip install --require-hashes -r docker/zigbuild-requirements.txt)" >&2; exit 1; }
+	$(CARGO) zigbuild --release --locked --bin trainlet --target $(PORTABLE_TARGET).2.17
+
+## manifests/monitoring/prometheusrule.yaml from manifests/monitoring/rules/trainlet.rules.yaml
+## (a test fails while the committed file differs).
+monitoring:
+	scripts/prometheusrule >manifests/monitoring/prometheusrule.yaml
+
 ## Debian packages the tests use, installed only when missing.
 deps:
 	@.ci/deps
@@ -22,25 +44,60 @@ deps:
 control-plane:
 	@tests/control-plane/up
 
+## Stops the control plane, and the node tests' node and control plane.
 down:
 	@tests/control-plane/down
+	@TRAINLET_CONTROL_PLANE_DIR=$(NODE_CONTROL_PLANE) tests/control-plane/down
 
-test: deps control-plane
+## One real node on the control plane: containerd, runc, CNI bridge, kubelet,
+## kube-scheduler and kube-proxy (tests/node/up; root, Linux). Prints the kubeconfig.
+node:
+	@tests/node/up
+
+node-down:
+	@tests/node/down
+
+## Proves the node: scheduling, pod addresses, pod-to-pod TCP, the API server through
+## the `kubernetes` Service, no default route in pods.
+node-smoke:
+	@tests/node/smoke
+
+## Every test. The image archive first: the node tests (tests/it/node_examples.rs) run
+## trainlet's containers from it, as shipped; it holds the portable binary, which
+## tests/it/glibc.rs checks.
+test: deps control-plane image
 	$(CARGO) test --no-fail-fast
 
-## A minimal image rootfs without Docker (binary, its glibc libraries, nonroot user):
-## target/rootfs/trainlet-rootfs.tar, for `docker import` or `podman import`.
-rootfs:
-	@docker/rootfs.sh
+## The shipped examples on a real node (root): tests/it/node_examples.rs.
+node-examples: deps image
+	$(CARGO) test --test it node_examples
+
+## A minimal image rootfs without Docker (the portable binary, the glibc libraries it and
+## NVML link, nonroot user): target/rootfs/trainlet-rootfs.tar, for `docker import` or
+## `podman import`.
+rootfs: portable
+	@docker/rootfs.sh $(PORTABLE)
+
+## The image without a Docker daemon (umoci + skopeo): target/image/trainlet-0.1.0.tar,
+## a reproducible docker-archive tagged ghcr.io/trainlet/trainlet:0.1.0 for docker load,
+## podman load, kind load image-archive or ctr images import. It ships the portable
+## binary, as docker/Dockerfile does.
+image: portable
+	@docker/image.sh $(PORTABLE)
 
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-## Benchmarks: trainlet against kubectl on a private control plane (release build).
-## Prints a markdown table; writes target/bench/results.json and target/bench/resolve.svg.
+## Benchmarks: trainlet against kubectl on a private control plane (release build), and
+## on the real node (root; tests/node/up). Prints markdown tables; writes
+## target/bench/results.json, target/bench/resolve.svg and target/bench/results-node.json.
 bench: deps
 	$(CARGO) bench --bench trainlet
+
+## docs/flags.md from the command-line definitions (a unit test checks it is current).
+docs:
+	TRAINLET_WRITE_DOCS=1 $(CARGO) test --lib reference
 
 demo: control-plane
 	@scripts/demo

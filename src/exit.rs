@@ -26,6 +26,10 @@ pub enum Code {
     /// resolved cluster was lost or replaced; CMD was stopped so that the Job
     /// controller replaces this pod and its init resolves the new cluster. Retryable.
     PeerChanged = 7,
+    /// `exec --on-stall exit` (or `restart` past `--max-restarts`): CMD made no progress
+    /// for `--stall-after`; it was stopped so that the Job controller replaces this
+    /// pod. Retryable.
+    Stalled = 8,
     /// `exec`: the command exists but cannot be executed (as in shells).
     CannotExecute = 126,
     /// `exec`: the command was not found (as in shells).
@@ -55,6 +59,11 @@ pub const INIT_PERMANENT: [i32; 3] = [
 /// from 128 up, 128 and 139 included; trainlet keeps the seeds' list, since a segfault
 /// repeats on a retry.
 pub const CMD_PERMANENT: [i32; 6] = [1, 2, 126, 127, 128, 139];
+
+/// `trainlet exec`'s own retryable codes: a peer changed (7), CMD stalled (8). A Job's
+/// podFailurePolicy (`inject --failure-policy`) counts them against backoffLimit, and
+/// the controller replaces the pod.
+pub const CMD_RETRYABLE: [i32; 2] = [Code::PeerChanged as i32, Code::Stalled as i32];
 
 /// How the process ends: with one of trainlet's codes, or (`exec --report`) with the
 /// status of the command it ran, which trainlet passes on as a shell would.
@@ -128,5 +137,9 @@ mod tests {
             assert!(!INIT_PERMANENT.contains(&(c as i32)), "{c:?}");
         }
         assert!(!INIT_PERMANENT.contains(&137));
+        for c in CMD_RETRYABLE {
+            assert!(!CMD_PERMANENT.contains(&c), "{c}");
+        }
+        assert_eq!(CMD_RETRYABLE, [7, 8]);
     }
 }

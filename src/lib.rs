@@ -12,12 +12,14 @@
 //! explaining errors) → [`cmd`] (one thin edge per subcommand) → the domain. The domain
 //! modules never import `cli` or `cmd`:
 //! - workflows: [`bootstrap`] (init), [`peers`] (list and watch the peer pods),
-//!   [`report`] (probes, the reporter engine), [`inject`];
-//! - pure logic: [`cluster`] (selectors, readiness, order, addresses), [`tfconfig`]
-//!   and [`frameworks`] (rendering), and the pure halves of `report` (`engine::state`, parsers);
+//!   [`supervise`] (exec's life of CMD), [`report`] (probes, the reporter engine),
+//!   [`handover`] (the files between exec and the sidecar), [`inject`], [`status`];
+//! - pure logic: [`cluster`] (selectors, readiness, order, addresses), [`render`]
+//!   (every file init writes), and the pure halves of `report` (`state`, parsers);
 //! - edges to the outside: [`kube`] (client, identity), [`publish`] (annotations,
 //!   Events), [`metrics`] (`/metrics`), [`signal`], [`logging`]; [`exit`] is the
-//!   contract of exit codes that every layer shares.
+//!   contract of exit codes that every layer shares, [`flags`] the spelling of every
+//!   flag. docs/architecture.md has the map.
 #![deny(unsafe_code)]
 
 /// The init workflow: wait, resolve, check the port, write, annotate, install.
@@ -31,9 +33,10 @@ pub mod cluster;
 pub mod cmd;
 /// Exit codes, on purpose, one per kind of failure.
 pub mod exit;
-/// Every framework's files from one resolution: PyTorch, JAX, MPI hostfiles and
-/// Volcano-style host lists (pure rendering).
-pub mod frameworks;
+/// The spelling of every flag, once: the parser, inject and messages share it.
+pub mod flags;
+/// The files between the training container's `trainlet exec` and the sidecar.
+pub mod handover;
 /// Giving a burst's freed heap back to the kernel.
 pub mod heap;
 /// `trainlet inject`: adds trainlet to existing pod templates.
@@ -48,15 +51,25 @@ pub mod metrics;
 pub mod peers;
 /// Annotations (merge patch, only on change) and Events on the own pod.
 pub mod publish;
+/// The files trainlet writes for the training container: TF_CONFIG, every framework's
+/// format, cluster.json (pure rendering), their atomic writer, and moving them to a
+/// replaced peer's address.
+pub mod render;
 /// The reporters: GPUs through NVML, ports from `/proc/net`, OOM kills from cgroups,
 /// and the engine that publishes what they see.
 pub mod report;
 /// SIGTERM and SIGINT handling, and forwarding signals to a child.
 pub mod signal;
+/// `trainlet status`: a job's pods as trainlet sees them, and a verdict.
+pub mod status;
+/// Small helpers for the streams the loops wait on.
+pub mod stream;
+/// `trainlet exec`'s life of CMD: start, stop its tree, restart on a peer change.
+pub mod supervise;
 /// The container's termination message (`/dev/termination-log`).
 pub mod termination;
-/// TF_CONFIG and the other output files (pure rendering), and the atomic writer.
-pub mod tfconfig;
+/// Waking on a file's change (inotify).
+pub mod watch;
 
 pub use exit::{Code, Exit, Failure};
 

@@ -3,8 +3,8 @@
 
 use tracing_subscriber::EnvFilter;
 
-/// The log line format. Derives `clap::ValueEnum` so the CLI can offer it as a flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// The log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
     Json,

@@ -16,7 +16,7 @@ fn main() -> ExitCode {
         Err(e) => return clap_exit(e),
     };
     match lower::log_filter(&cli.log_level) {
-        Ok(filter) => trainlet::logging::init(cli.log_format, filter),
+        Ok(filter) => trainlet::logging::init(cli.log_format.into(), filter),
         Err(f) => return fail(f),
     }
     match trainlet::cmd::run(cli.command) {

@@ -22,7 +22,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -114,7 +114,12 @@ pub struct Metrics {
     pub observations: Counter,
     pub cluster_stale: Gauge,
     pub restarts: Counter,
+    pub last_progress: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
+    pub progress_step: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
+    pub stalled: Family<ContainerLabel, Gauge>,
+    pub stalls: Counter,
     pub observations_rejected: Family<ReasonLabel, Counter>,
+    pub events_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -140,7 +145,12 @@ impl Metrics {
             observations: Counter::default(),
             cluster_stale: Gauge::default(),
             restarts: Counter::default(),
+            last_progress: Family::default(),
+            progress_step: Family::default(),
+            stalled: Family::default(),
+            stalls: Counter::default(),
             observations_rejected: Family::default(),
+            events_dropped: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -160,7 +170,7 @@ impl Metrics {
         );
         registry.register(
             "gpu_xid_errors",
-            "XID errors NVML reported since trainlet started, by GPU and XID",
+            "XID errors NVML reported since trainlet started, by GPU and XID; past 64 distinct GPU and XID pairs, the rest are counted with gpu, uuid and xid \"other\"",
             m.gpu_xid_errors.clone(),
         );
         registry.register(
@@ -200,8 +210,28 @@ impl Metrics {
         );
         registry.register(
             "restarts",
-            "Restarts of CMD by trainlet exec --on-peer-change restart, after a peer was lost or replaced",
+            "Restarts of CMD by trainlet exec: --on-peer-change restart after a peer was lost or replaced, --on-stall restart after a stall",
             m.restarts.clone(),
+        );
+        registry.register(
+            "last_progress_timestamp_seconds",
+            "When CMD last made progress (trainlet exec --stall-after or --progress-pattern), by container",
+            m.last_progress.clone(),
+        );
+        registry.register(
+            "progress_step",
+            "The last step a --progress-pattern line gave, by container",
+            m.progress_step.clone(),
+        );
+        registry.register(
+            "stalled",
+            "1 while CMD is stalled: no progress for trainlet exec --stall-after, by container",
+            m.stalled.clone(),
+        );
+        registry.register(
+            "stalls",
+            "Stalls of CMD: no progress for trainlet exec --stall-after",
+            m.stalls.clone(),
         );
         registry.register(
             "observations",
@@ -210,8 +240,13 @@ impl Metrics {
         );
         registry.register(
             "observations_rejected",
-            "Observations from the training container the sidecar rejected, by reason (too-large, not-a-file, unreadable, malformed, invalid)",
+            "Observations from the training container the sidecar rejected, by reason (too-large, not-a-file, unreadable, malformed, invalid, restart-unexplained)",
             m.observations_rejected.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events not emitted because the Event budget (a burst of 10, then one per 6 s) was spent, by reason",
+            m.events_dropped.clone(),
         );
         registry.register(
             "build",

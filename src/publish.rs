@@ -7,8 +7,10 @@
 //! The reporters publish much more often than `init`, so they add economy on top
 //! (pure, and unit-tested): [`diff`] sends only the keys that changed, [`Throttle`]
 //! allows one patch per `--min-patch-interval` (urgent news at most once a second) and
-//! backs off exponentially after failures, and [`EventBudget`] caps Events so that a
-//! flapping condition cannot flood the API server. A steady pod costs no writes.
+//! backs off exponentially after failures, [`EventBudget`] caps Events so that a
+//! flapping condition cannot flood the API server, [`ContainerUrgency`] caps how often
+//! the training container's news may hurry a patch, and [`check_total`] keeps a patch
+//! within what the API server accepts. A steady pod costs no writes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -34,12 +36,83 @@ pub mod keys {
     pub const REPORT: &str = "trainlet.io/report";
     /// The peer watch: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19`.
     pub const CLUSTER: &str = "trainlet.io/cluster";
+    /// `trainlet exec --stall-after`: the last progress, the step, whether stalled.
+    pub const PROGRESS: &str = "trainlet.io/progress";
 }
 
 #[derive(Debug, Error)]
 pub enum PublishError {
     #[error(transparent)]
     Kube(#[from] KubeError),
+}
+
+/// The most all of an object's annotations may hold together, keys and values: the API
+/// server refuses a patch that goes over it (`TotalAnnotationSizeLimitB` in
+/// k8s.io/apimachinery's `ValidateAnnotationsSize`).
+pub const ANNOTATIONS_MAX: usize = 256 * 1024;
+
+/// A patch that would take a pod's annotations over [`ANNOTATIONS_MAX`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "the pod's annotations would take {total} bytes, more than the {ANNOTATIONS_MAX} the API server allows ({own} of them trainlet's, {largest_key} the largest at {largest} bytes)"
+)]
+pub struct AnnotationsTooLarge {
+    pub total: usize,
+    /// What the keys being set take.
+    pub own: usize,
+    pub largest_key: String,
+    pub largest: usize,
+}
+
+/// Checks, as the API server will, that `current` with `changes` applied fits in
+/// [`ANNOTATIONS_MAX`]. Pure.
+pub fn check_total(
+    current: &BTreeMap<String, String>,
+    changes: &BTreeMap<String, Option<String>>,
+) -> Result<(), AnnotationsTooLarge> {
+    let size = |k: &str, v: &str| k.len() + v.len();
+    let mut total = 0;
+    let mut largest = (String::new(), 0);
+    for (k, v) in current {
+        if !changes.contains_key(k) {
+            total += size(k, v);
+        }
+    }
+    let mut own = 0;
+    for (k, v) in changes {
+        if let Some(v) = v {
+            own += size(k, v);
+            if size(k, v) > largest.1 {
+                largest = (k.clone(), size(k, v));
+            }
+        }
+    }
+    total += own;
+    if total <= ANNOTATIONS_MAX {
+        return Ok(());
+    }
+    for (k, v) in current {
+        if !changes.contains_key(k) && size(k, v) > largest.1 {
+            largest = (k.clone(), size(k, v));
+        }
+    }
+    Err(AnnotationsTooLarge {
+        total,
+        own,
+        largest_key: largest.0,
+        largest: largest.1,
+    })
+}
+
+/// The name of a new Event on `pod`: `<pod>.<nanoseconds in hex>`, as kubectl's Events
+/// are named, with the pod's part cut so that the whole stays a valid name (at most 253
+/// characters, no `.` or `-` before the separator).
+pub fn event_name(pod: &str, nanos: i128) -> String {
+    let suffix = format!("{nanos:x}");
+    let room = 253 - 1 - suffix.len();
+    let mut head = &pod[..pod.len().min(room)];
+    head = head.trim_end_matches(['.', '-']);
+    format!("{head}.{suffix}")
 }
 
 /// Publishes annotations and Events on one pod.
@@ -107,7 +180,7 @@ impl Publisher {
             note: Some(truncate(note, 1024)),
             metadata: ObjectMeta {
                 namespace: Some(self.namespace.clone()),
-                name: Some(format!("{}.{:x}", self.pod_name, now.as_nanosecond())),
+                name: Some(event_name(&self.pod_name, now.as_nanosecond())),
                 ..Default::default()
             },
             reporting_controller: Some("trainlet".into()),
@@ -217,31 +290,31 @@ impl Throttle {
     }
 }
 
-/// A token bucket for Events: a burst of [`EventBudget::BURST`], then one per
-/// [`EventBudget::REFILL`]. Events beyond it are dropped (and logged): the annotations
-/// and metrics still count everything.
+/// A token bucket: a burst of `burst`, then one per `refill`. Pure: the caller passes
+/// the clock.
 #[derive(Debug, Clone)]
-pub struct EventBudget {
+pub struct TokenBucket {
+    burst: f64,
+    refill: Duration,
     tokens: f64,
     at: Instant,
 }
 
-impl EventBudget {
-    pub const BURST: f64 = 10.0;
-    pub const REFILL: Duration = Duration::from_secs(6);
-
-    pub fn new(now: Instant) -> Self {
-        EventBudget {
-            tokens: Self::BURST,
+impl TokenBucket {
+    pub fn new(burst: u32, refill: Duration, now: Instant) -> Self {
+        TokenBucket {
+            burst: f64::from(burst),
+            refill,
+            tokens: f64::from(burst),
             at: now,
         }
     }
 
     /// Takes a token if there is one.
     pub fn take(&mut self, now: Instant) -> bool {
-        let refill =
-            now.saturating_duration_since(self.at).as_secs_f64() / Self::REFILL.as_secs_f64();
-        self.tokens = (self.tokens + refill).min(Self::BURST);
+        let refill = now.saturating_duration_since(self.at).as_secs_f64()
+            / self.refill.as_secs_f64().max(f64::MIN_POSITIVE);
+        self.tokens = (self.tokens + refill).min(self.burst);
         self.at = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -249,6 +322,36 @@ impl EventBudget {
         } else {
             false
         }
+    }
+}
+
+/// The Events' budget: a burst of [`EventBudget::BURST`], then one per
+/// [`EventBudget::REFILL`]. Events beyond it are dropped (and counted): the annotations
+/// and metrics still count everything.
+pub struct EventBudget;
+
+impl EventBudget {
+    pub const BURST: u32 = 10;
+    pub const REFILL: Duration = Duration::from_secs(6);
+
+    pub fn bucket(now: Instant) -> TokenBucket {
+        TokenBucket::new(Self::BURST, Self::REFILL, now)
+    }
+}
+
+/// How often news from the training container (an observation handed over by its
+/// `trainlet exec`) may hurry a patch: a burst of [`ContainerUrgency::BURST`], then one
+/// per [`ContainerUrgency::REFILL`]; beyond that it waits for the patch interval like
+/// everything else. The training container is less trusted than the sidecar, and a
+/// forged stream of OOM kills must not turn into a patch a second.
+pub struct ContainerUrgency;
+
+impl ContainerUrgency {
+    pub const BURST: u32 = 5;
+    pub const REFILL: Duration = Duration::from_secs(10);
+
+    pub fn bucket(now: Instant) -> TokenBucket {
+        TokenBucket::new(Self::BURST, Self::REFILL, now)
     }
 }
 
@@ -335,13 +438,73 @@ mod tests {
     #[test]
     fn event_budget_allows_a_burst_then_a_trickle() {
         let t0 = Instant::now();
-        let mut b = EventBudget::new(t0);
+        let mut b = EventBudget::bucket(t0);
         for _ in 0..10 {
             assert!(b.take(t0));
         }
         assert!(!b.take(t0));
         assert!(!b.take(t0 + Duration::from_secs(5)));
         assert!(b.take(t0 + Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn the_total_of_a_pods_annotations_is_checked_as_the_api_server_does() {
+        let current = BTreeMap::from([
+            ("user.io/big".to_string(), "x".repeat(200 * 1024)),
+            (keys::REPORT.to_string(), "old".to_string()),
+        ]);
+        let mut changes = BTreeMap::from([(keys::REPORT.to_string(), Some("y".repeat(1000)))]);
+        assert_eq!(check_total(&current, &changes), Ok(()));
+        // Exactly at the limit fits; one byte more does not.
+        let at = ANNOTATIONS_MAX - "user.io/big".len() - 200 * 1024 - keys::REPORT.len();
+        changes.insert(keys::REPORT.to_string(), Some("y".repeat(at)));
+        assert_eq!(check_total(&current, &changes), Ok(()));
+        changes.insert(keys::REPORT.to_string(), Some("y".repeat(at + 1)));
+        let e = check_total(&current, &changes).unwrap_err();
+        assert_eq!(e.total, ANNOTATIONS_MAX + 1);
+        assert_eq!(e.largest_key, "user.io/big");
+        assert!(e.to_string().starts_with("the pod's annotations would take 262145 bytes, more than the 262144 the API server allows"), "{e}");
+        // Removing a key frees its room.
+        changes.insert("user.io/big".to_string(), None);
+        assert_eq!(check_total(&current, &changes), Ok(()));
+    }
+
+    #[test]
+    fn an_event_name_stays_a_valid_name_for_the_longest_pod_names() {
+        assert_eq!(event_name("trainer-0", 0x1f), "trainer-0.1f");
+        let nanos = 1_700_000_000_000_000_000i128;
+        for len in [200, 236, 237, 252, 253] {
+            let pod = format!("{}-{}", "a".repeat(len - 2), "b");
+            let name = event_name(&pod, nanos);
+            assert!(name.len() <= 253, "{len}: {}", name.len());
+            assert!(name.ends_with(&format!(".{nanos:x}")));
+            assert!(!name.contains("-.") && !name.contains(".."), "{name}");
+        }
+        // A cut that ends on a '-' or '.' drops it (16 hex digits leave 236 characters).
+        assert_eq!(format!("{nanos:x}").len(), 16);
+        let pod = format!("{}-xyz", "a".repeat(235));
+        assert_eq!(
+            event_name(&pod, nanos),
+            format!("{}.{nanos:x}", "a".repeat(235))
+        );
+    }
+
+    #[test]
+    fn the_training_containers_news_hurries_a_patch_only_so_often() {
+        let t0 = Instant::now();
+        let mut b = ContainerUrgency::bucket(t0);
+        for _ in 0..ContainerUrgency::BURST {
+            assert!(b.take(t0));
+        }
+        assert!(!b.take(t0 + Duration::from_secs(9)));
+        assert!(b.take(t0 + Duration::from_secs(10)));
+        assert!(!b.take(t0 + Duration::from_secs(11)));
+        // A forged kill every 200 ms for a minute hurries 5 + 5 patches, not 300.
+        let mut b = ContainerUrgency::bucket(t0);
+        let hurried = (0..300)
+            .filter(|i| b.take(t0 + Duration::from_millis(200 * i)))
+            .count();
+        assert_eq!(hurried, 5 + 5);
     }
 
     #[test]

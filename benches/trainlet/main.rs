@@ -21,6 +21,15 @@
 //!    cgroup under `exec --report`, from CMD seeing the exit to the annotation seen
 //!    through a watch (oom.rs).
 //! 4. footprint.
+//! 5. the sidecars' peer watch for the life of a job, every peer watched against
+//!    coordinated, at N = 64, 256 and 1,024: bytes per sidecar at start and per peer
+//!    replaced (peers.rs).
+//! 6. the stall watch: CMD's output through exec against CMD writing directly, and
+//!    the time from a hang to the group's restart against `--stall-after` (stall.rs).
+//! 7. on the real node (tests/node/up, root): from `kubectl apply` of a 1 ps + 3 worker
+//!    job to the last pod's TF_CONFIG written, trainlet's init container against a
+//!    hand-written kubectl one, and each container's peak memory from the kubelet's
+//!    cgroup (node.rs; `target/bench/results-node.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`.
@@ -36,11 +45,14 @@ mod report_support;
 
 mod footprint;
 mod metrics;
+mod node;
 mod oom;
+mod peers;
 mod report;
 mod resolve;
 mod scenarios;
 mod sidecar;
+mod stall;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -226,7 +226,136 @@ pub fn markdown(results: &Value) -> String {
     if let Some(v) = results.get("oom").filter(|v| !v.is_null()) {
         oom_table(&mut s, v);
     }
+    if let Some(v) = results
+        .get("peers")
+        .and_then(Value::as_array)
+        .filter(|v| !v.is_empty())
+    {
+        peers_table(&mut s, v);
+    }
+    if let Some(v) = results.get("stall").filter(|v| !v.is_null()) {
+        stall_table(&mut s, v);
+    }
     s
+}
+
+/// Scenario 6: the stall watch.
+fn stall_table(s: &mut String, v: &Value) {
+    let nums = |k: &str| -> Vec<f64> { v[k].as_array().into_iter().flatten().map(f).collect() };
+    let each = |xs: &[f64]| -> String {
+        xs.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        s,
+        "\n**The stall watch: output through exec** (1 GiB of CMD's stdout into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m --progress-pattern`, alternating; exec's added CPU and peak RSS, from `/usr/bin/time`):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| direct GiB/s | through exec GiB/s | ratio (medians) | target | met | exec CPU per GiB | exec peak RSS (1 GiB / nothing) |\n|---|---|---|---|---|---|---|"
+    );
+    let ratio = f(&v["ratio"]);
+    let _ = writeln!(
+        s,
+        "| {} | {} | {:.2} | ≥ {} | {} | {:.0} ms | {} / {} KiB |",
+        each(&nums("direct_gib_s")),
+        each(&nums("exec_gib_s")),
+        ratio,
+        f(&v["target_ratio"]),
+        met(ratio >= f(&v["target_ratio"])),
+        f(&v["exec_added_cpu_ms_per_gib"]),
+        v["exec_peak_rss_kib_1gib"],
+        v["exec_peak_rss_kib_empty"],
+    );
+    let _ = writeln!(
+        s,
+        "\n**The stall watch: hang to group restart** (3 pods, `--stall-after {}s --on-stall restart --interval {}s --restart-backoff {}s`; from the silent pod's last line to each pod's CMD starting again):\n",
+        f(&v["stall_after_s"]),
+        f(&v["interval_s"]),
+        f(&v["backoff_s"])
+    );
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(s, "Failed: {e}.");
+        return;
+    }
+    let beyond = f(&v["beyond_stall_after_s"]);
+    let _ = writeln!(
+        s,
+        "| restart after the hang, by pod (s) | slowest, less backoff and --stall-after | target | met |\n|---|---|---|---|\n| {} | {:.2} s | ≤ {} s (one --interval) | {} |",
+        each(&nums("restart_after_hang_s")),
+        beyond,
+        f(&v["interval_s"]),
+        met(beyond <= f(&v["interval_s"]))
+    );
+}
+
+/// Scenario 5: the reporters' peer watch, both modes, per sidecar and for the job.
+fn peers_table(s: &mut String, rows: &[Value]) {
+    let _ = writeln!(
+        s,
+        "\n**The sidecars' peer watch** (bytes the API server sent: watch events on pods and responses to pods and Events requests; per sidecar, measured on a sample of {} sidecars; the job's total = N × a sidecar's, or coordinated the resolver's + (N − 1) × a follower's):\n",
+        crate::peers::SAMPLE + 1
+    );
+    let _ = writeln!(
+        s,
+        "| N | mode | a sidecar at start | the resolver's at start | a sidecar per replacement | the resolver's per replacement | job at start | job per replacement | replacement seen by all |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    let kib = |v: &Value| {
+        if v.is_null() {
+            "—".to_string()
+        } else {
+            format!("{:.1} KiB", f(v) / 1024.0)
+        }
+    };
+    for r in rows {
+        if let Some(e) = r["error"].as_str() {
+            let _ = writeln!(
+                s,
+                "| {} | {} | failed: {e} |||||||",
+                r["n"], r["coordinate"]
+            );
+            continue;
+        }
+        let mode = match r["coordinate"].as_str() {
+            Some("always") => "coordinated",
+            _ => "every peer",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {mode} | {} | {} | {} | {} | {:.1} MiB | {:.2} MiB | {:.1} s |",
+            r["n"],
+            kib(&r["start_bytes_per_sidecar"]),
+            kib(&r["start_bytes_resolver"]),
+            kib(&r["replacement_bytes_per_sidecar"]),
+            kib(&r["replacement_bytes_resolver"]),
+            f(&r["job_start_mib"]),
+            f(&r["job_replacement_mib"]),
+            f(&r["replacement_seen_s"])
+        );
+    }
+    let mut ratios = Vec::new();
+    for r in rows.iter().filter(|r| r["coordinate"] == "always") {
+        if let Some(never) = rows
+            .iter()
+            .find(|x| x["n"] == r["n"] && x["coordinate"] == "never")
+        {
+            ratios.push(format!(
+                "N = {}: {:.3}× at start, {:.3}× per replacement",
+                r["n"],
+                f(&r["job_start_mib"]) / f(&never["job_start_mib"]),
+                f(&r["job_replacement_mib"]) / f(&never["job_replacement_mib"])
+            ));
+        }
+    }
+    if !ratios.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThe job's bytes, coordinated against every peer watched: {}.",
+            ratios.join("; ")
+        );
+    }
 }
 
 fn met(ok: bool) -> &'static str {
@@ -367,6 +496,18 @@ fn oom_table(s: &mut String, v: &Value) {
         v["oom_events"],
         v["oom_source"].as_str().unwrap_or(""),
         v["exit_code"]
+    );
+    let _ = writeln!(
+        s,
+        "\n| p99 | target | met | victims named | target | met |\n|---|---|---|---|---|---|\n| {:.0} ms | ≤ {:.0} ms | {} | {} of {} | {} of {} | {} |",
+        f(&v["p99_ms"]),
+        f(&v["target_p99_ms"]),
+        met(v["p99_met"].as_bool() == Some(true)),
+        v["victims_named"],
+        v["kills"],
+        v["kills"],
+        v["kills"],
+        met(v["all_named"].as_bool() == Some(true))
     );
     if v["to_logged_kill_ms"]
         .as_array()

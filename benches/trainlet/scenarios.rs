@@ -6,14 +6,17 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::footprint;
+use crate::node;
 use crate::oom;
+use crate::peers;
 use crate::report;
 use crate::resolve::{self, Tool};
 use crate::sidecar;
+use crate::stall;
 use crate::support;
 
 pub async fn run_all() {
-    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom picks scenarios
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,node picks scenarios
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
@@ -125,7 +128,35 @@ pub async fn run_all() {
     } else {
         None
     };
+    let mut peer_watch = Vec::new();
+    if want("peers") {
+        // The reporters' peer watch for the life of the job, both modes.
+        let sizes: Vec<usize> = std::env::var("TRAINLET_BENCH_PEER_SIZES")
+            .ok()
+            .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+            .unwrap_or_else(|| vec![64, 256, 1024]);
+        for &n in &sizes {
+            for coordinate in ["never", "always"] {
+                eprintln!("bench: the sidecars' peer watch, N={n}, --coordinate {coordinate}");
+                peer_watch.push(peers::run(&client, &cp.kubeconfig, n, coordinate).await);
+            }
+        }
+    }
+    let stall_watch = if want("stall") {
+        eprintln!("bench: the stall watch: 1 GiB through exec, and a hang to the group restart");
+        Some(stall::run(&client, &cp.kubeconfig).await)
+    } else {
+        None
+    };
     let foot = want("footprint").then(|| footprint::measure(bin));
+    // On the real node (root; its own control plane): skipped, and said so, where it
+    // cannot start outside CI.
+    let on_node = if want("node") {
+        eprintln!("bench: on the real node, trainlet's init container against a hand-written one");
+        node::run().await
+    } else {
+        None
+    };
 
     let results = json!({
         "machine": report::machine(),
@@ -135,6 +166,12 @@ pub async fn run_all() {
         "footprint": foot,
         "sidecar": rest,
         "oom": oom_latency,
+        "peers": peer_watch,
+        "stall": stall_watch,
+        "node": on_node,
     });
     report::write(&results);
+    if let Some(n) = &on_node {
+        println!("{}", node::markdown(n));
+    }
 }

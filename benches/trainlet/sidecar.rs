@@ -6,7 +6,9 @@
 //! Both see this whole machine: every process in /proc and every socket of the host's
 //! network namespace, where a pod's container sees its own. A third process, exec in
 //! a PID namespace of its own (`unshare --pid --mount-proc`, as in a container), shows
-//! what the process-tree scan of exec mode costs in a pod.
+//! what the process-tree scan of exec mode costs in a pod. A fourth runs exec with the
+//! progress watch on (`--stall-after`, `--progress-pattern`) over a CMD that prints a
+//! step line a second, all of it passing through exec.
 //!
 //! Each process is measured over the 60 s after its own first report (its first
 //! annotation patch, seen on its `/metrics`):
@@ -268,6 +270,9 @@ impl Mark {
 const SIDECAR: &str = "trainlet sidecar";
 const EXEC: &str = "trainlet exec --report";
 const EXEC_PIDNS: &str = "trainlet exec --report, own PID namespace";
+/// The progress watch on: CMD prints a line a second, which passes through exec.
+const EXEC_WATCH: &str =
+    "trainlet exec --report --stall-after 10m --progress-pattern (a line a second)";
 /// The shipped layout: the two on one pod, exec without credentials handing its
 /// observations to the sidecar, which has no GPU of its own.
 const HANDOVER_SIDECAR: &str =
@@ -312,7 +317,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     if let Some(why) = &pid_namespace_unavailable {
         eprintln!("bench: no exec --report in a PID namespace of its own: {why}");
     }
-    let modes = [SIDECAR, EXEC, EXEC_PIDNS]
+    let modes = [SIDECAR, EXEC, EXEC_WATCH, EXEC_PIDNS]
         .into_iter()
         .filter(|m| *m != EXEC_PIDNS || pid_namespace_unavailable.is_none());
     let mut procs = Vec::new();
@@ -331,7 +336,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             None
         } else {
             let out = tempfile::tempdir().unwrap();
-            rs::write_tf_config(out.path(), port);
+            support::write_tf_config(out.path(), port);
             cmd.args(["exec", "--report", "--output-dir"])
                 .arg(out.path());
             Some(out)
@@ -341,7 +346,11 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             .args(["--pod-name", &name, "--pod-namespace", &ns])
             .args(["--nvml-lib", &nvml])
             .env("FAKE_NVML_COUNT", "2");
-        if out.is_some() {
+        if mode == EXEC_WATCH {
+            cmd.args(["--stall-after", "10m", "--progress-pattern", r"step (\d+)"])
+                .args(["--", "sh", "-c"])
+                .arg(r#"i=0; while :; do i=$((i+1)); echo "step $i"; sleep 1; done"#);
+        } else if out.is_some() {
             cmd.args(["--", "sleep", "3600"]);
         }
         if mode == EXEC_PIDNS {
@@ -375,7 +384,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         let out = tempfile::tempdir().unwrap();
         let observed = out.path().join("observed");
         std::fs::create_dir(&observed).unwrap();
-        rs::write_tf_config(out.path(), port);
+        support::write_tf_config(out.path(), port);
         // The cluster.json init would write, so the sidecar's peer watch runs too.
         let cluster_file = out.path().join("cluster.json");
         std::fs::write(

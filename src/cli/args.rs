@@ -7,26 +7,26 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::defaults;
-use crate::bootstrap::Coordinate;
-use crate::cluster::{AddressMode, OrderMode, ReadyMode};
-use crate::frameworks::Framework;
-use crate::report::restart::OnPeerChange;
+use super::values::{
+    Address, Coordination, Framework, Order, PeerChange, Ready, Stall, StatusOutput,
+};
+use crate::flags;
 
 /// How to reach the API server and who "self" is.
 #[derive(Debug, Clone, Args)]
 pub struct KubeArgs {
     /// Kubeconfig file. Default: the in-cluster service account, then $KUBECONFIG, then
     /// ~/.kube/config.
-    #[arg(long, env = "TRAINLET_KUBECONFIG", value_name = "FILE")]
+    #[arg(long = flags::KUBECONFIG, env = "TRAINLET_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
     /// This pod's name. Default: $POD_NAME (downward API metadata.name), then $HOSTNAME.
-    #[arg(long, env = "TRAINLET_POD_NAME", value_name = "NAME")]
+    #[arg(long = flags::POD_NAME, env = "TRAINLET_POD_NAME", value_name = "NAME")]
     pub pod_name: Option<String>,
 
     /// This pod's namespace. Default: $POD_NAMESPACE (downward API metadata.namespace),
     /// then the service account's namespace file, then the kubeconfig context's namespace.
-    #[arg(long, env = "TRAINLET_POD_NAMESPACE", value_name = "NS")]
+    #[arg(long = flags::POD_NAMESPACE, env = "TRAINLET_POD_NAMESPACE", value_name = "NS")]
     pub pod_namespace: Option<String>,
 }
 
@@ -38,7 +38,7 @@ pub struct ClusterArgs {
     /// several --job for one type concatenate their pods in the order given, as
     /// TensorFlow does. In the env var, separate entries with `;`.
     #[arg(
-        long = "job",
+        long = flags::JOB,
         env = "TRAINLET_JOB",
         value_name = "TYPE=SELECTOR",
         value_delimiter = ';'
@@ -48,7 +48,7 @@ pub struct ClusterArgs {
     /// TensorFlow's job_to_label_mapping as JSON, e.g.
     /// '{"worker":["job-name=w"],"ps":["job-name=p"]}'. An alternative to --job.
     #[arg(
-        long,
+        long = flags::JOB_TO_LABEL_MAPPING,
         env = "TRAINLET_JOB_TO_LABEL_MAPPING",
         value_name = "JSON",
         conflicts_with = "jobs"
@@ -59,7 +59,7 @@ pub struct ClusterArgs {
     /// Job (completions when Indexed, else parallelism), StatefulSet or ReplicaSet that
     /// owns the matched pods.
     #[arg(
-        long,
+        long = flags::EXPECT,
         env = "TRAINLET_EXPECT",
         value_name = "TYPE=N",
         value_delimiter = ','
@@ -67,34 +67,34 @@ pub struct ClusterArgs {
     pub expect: Vec<String>,
 
     /// Namespace to find peers in. Default: this pod's namespace.
-    #[arg(long, env = "TRAINLET_NAMESPACE", value_name = "NS")]
+    #[arg(long = flags::NAMESPACE, env = "TRAINLET_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 
     /// Find peers in every namespace, as TensorFlow's resolver does. Needs a ClusterRole
     /// that grants list and watch on pods; off by default, because another tenant's pods
     /// could join your cluster.
-    #[arg(long, env = "TRAINLET_ALL_NAMESPACES", conflicts_with = "namespace")]
+    #[arg(long = flags::ALL_NAMESPACES, env = "TRAINLET_ALL_NAMESPACES", conflicts_with = "namespace")]
     pub all_namespaces: bool,
 
     /// The server port of every task in TF_CONFIG (the resolver's tf_server_port);
     /// default 8470. Given (or --port-name), it is also the port of PyTorch's
     /// MASTER_PORT and JAX's coordinator, which otherwise use their launchers' own
     /// defaults (torchrun 29500, JAX 55527).
-    #[arg(long, env = "TRAINLET_PORT", value_name = "N")]
+    #[arg(long = flags::PORT, env = "TRAINLET_PORT", value_name = "N")]
     pub port: Option<u16>,
 
     /// Use each peer's containerPort of this name where it has one, else --port.
-    #[arg(long, env = "TRAINLET_PORT_NAME", value_name = "NAME")]
+    #[arg(long = flags::PORT_NAME, env = "TRAINLET_PORT_NAME", value_name = "NAME")]
     pub port_name: Option<String>,
 
     /// Address of each task: the pod IP, the node's host IP (for hostNetwork), or the
     /// stable DNS name <hostname>.<subdomain>.<namespace>.svc.<cluster-domain>.
-    #[arg(long, env = "TRAINLET_ADDRESS", value_enum, default_value_t = defaults::ADDRESS)]
-    pub address: AddressMode,
+    #[arg(long = flags::ADDRESS, env = "TRAINLET_ADDRESS", value_enum, default_value_t = defaults::ADDRESS)]
+    pub address: Address,
 
     /// Cluster DNS domain, for --address dns.
     #[arg(
-        long,
+        long = flags::CLUSTER_DOMAIN,
         env = "TRAINLET_CLUSTER_DOMAIN",
         value_name = "DOMAIN",
         default_value = defaults::CLUSTER_DOMAIN
@@ -104,17 +104,19 @@ pub struct ClusterArgs {
     /// Task order within a type: `index` uses the pods' Job completion, StatefulSet or
     /// Kubeflow replica index when every pod has one, else the natural order of names
     /// (w-2 before w-10); `name` is TensorFlow's plain lexicographic order.
-    #[arg(long, env = "TRAINLET_ORDER", value_enum, default_value_t = defaults::ORDER)]
-    pub order: OrderMode,
+    #[arg(long = flags::ORDER, env = "TRAINLET_ORDER", value_enum, default_value_t = defaults::ORDER)]
+    pub order: Order,
 
-    /// When a peer counts as ready: `running` is phase Running with an address; `ready`
-    /// also requires the pod's Ready condition.
-    #[arg(long, env = "TRAINLET_READY", value_enum, default_value_t = defaults::READY)]
-    pub ready: ReadyMode,
+    /// When a peer counts as ready: `running` is phase Running with an address, or
+    /// phase Pending with an address while its init containers run (peers wait for each
+    /// other in trainlet-init, so none would ever be Running otherwise); `ready` also
+    /// requires the pod's Ready condition.
+    #[arg(long = flags::READY, env = "TRAINLET_READY", value_enum, default_value_t = defaults::READY)]
+    pub ready: Ready,
 
     /// Override this pod's task type (TensorFlow's settable task_type).
     #[arg(
-        long,
+        long = flags::TASK_TYPE,
         env = "TRAINLET_TASK_TYPE",
         value_name = "TYPE",
         requires = "task_index"
@@ -123,7 +125,7 @@ pub struct ClusterArgs {
 
     /// Override this pod's task index (TensorFlow's settable task_id).
     #[arg(
-        long,
+        long = flags::TASK_INDEX,
         alias = "task-id",
         env = "TRAINLET_TASK_INDEX",
         value_name = "I",
@@ -133,7 +135,7 @@ pub struct ClusterArgs {
 
     /// RPC layer of the master address, e.g. grpc:// in cluster.json's "master".
     #[arg(
-        long,
+        long = flags::RPC_LAYER,
         env = "TRAINLET_RPC_LAYER",
         value_name = "LAYER",
         default_value = defaults::RPC_LAYER
@@ -141,7 +143,7 @@ pub struct ClusterArgs {
     pub rpc_layer: String,
 
     /// Adds "environment" to TF_CONFIG, e.g. `cloud` as Kubeflow does.
-    #[arg(long, env = "TRAINLET_ENVIRONMENT", value_name = "ENV")]
+    #[arg(long = flags::ENVIRONMENT, env = "TRAINLET_ENVIRONMENT", value_name = "ENV")]
     pub environment: Option<String>,
 }
 
@@ -151,7 +153,7 @@ pub struct OutputArgs {
     /// Directory for tf_config.json, trainlet.env, cluster.json and the other
     /// frameworks' files, usually a shared emptyDir.
     #[arg(
-        long,
+        long = flags::OUTPUT_DIR,
         env = "TRAINLET_OUTPUT_DIR",
         value_name = "DIR",
         default_value = defaults::OUTPUT_DIR
@@ -160,7 +162,7 @@ pub struct OutputArgs {
 
     /// Also copy the trainlet binary into DIR (usually a shared emptyDir), so the main
     /// container can run `trainlet exec` without trainlet in its image.
-    #[arg(long, env = "TRAINLET_INSTALL_TO", value_name = "DIR")]
+    #[arg(long = flags::INSTALL_TO, env = "TRAINLET_INSTALL_TO", value_name = "DIR")]
     pub install_to: Option<PathBuf>,
 
     /// Whether the agents of a job coordinate: `auto` from 384 pods on (as far as
@@ -169,15 +171,15 @@ pub struct OutputArgs {
     /// its pod (annotation trainlet.io/resolution); every other agent watches that one
     /// pod, so a job of N pods costs the API server O(N) instead of O(N²). It needs
     /// index labels (Indexed Jobs, StatefulSets) and one selector for the first type.
-    #[arg(long, env = "TRAINLET_COORDINATE", value_enum, default_value_t = defaults::COORDINATE)]
-    pub coordinate: Coordinate,
+    #[arg(long = flags::COORDINATE, env = "TRAINLET_COORDINATE", value_enum, default_value_t = defaults::COORDINATE)]
+    pub coordinate: Coordination,
 
     /// The frameworks whose variables go into trainlet.env and CMD's environment, next
     /// to TF_CONFIG, which is always there. Every framework's file is written either
     /// way: torch.env, jax.env, mpi.env, hostfile and <type>.host. Repeatable, or
     /// comma-separated.
     #[arg(
-        long = "framework",
+        long = flags::FRAMEWORK,
         env = "TRAINLET_FRAMEWORK",
         value_name = "NAME",
         value_enum,
@@ -188,10 +190,12 @@ pub struct OutputArgs {
 
     /// Processes per pod, as torchrun's --nproc-per-node: `auto` (the training
     /// container's nvidia.com/gpu limit when above 0, else 1), `gpu` (that limit),
-    /// `cpu` (every CPU torchrun sees, counted 1 in WORLD_SIZE as Kubeflow does), or a
-    /// number. WORLD_SIZE is pods × this.
+    /// `cpu` (every CPU torchrun sees), or a number. torchrun gets it as
+    /// PET_NPROC_PER_NODE, `auto` resolved. WORLD_SIZE is pods × N for a number N, and
+    /// pods for the others, as Kubeflow counts them: a plain `python train.py` is one
+    /// process per pod, and torchrun sets WORLD_SIZE itself.
     #[arg(
-        long,
+        long = flags::NPROC_PER_NODE,
         env = "TRAINLET_NPROC_PER_NODE",
         value_name = "auto|gpu|cpu|N",
         default_value = defaults::NPROC_PER_NODE
@@ -200,18 +204,18 @@ pub struct OutputArgs {
 
     /// Slots per host in the hostfile and TRAINLET_HOSTS: a number, or `gpu` (the
     /// training container's nvidia.com/gpu limit). Default: that limit, else 1.
-    #[arg(long, env = "TRAINLET_SLOTS", value_name = "N|gpu")]
+    #[arg(long = flags::SLOTS, env = "TRAINLET_SLOTS", value_name = "N|gpu")]
     pub slots: Option<String>,
 
     /// Elastic PyTorch: `MIN:MAX` pods. init completes once MIN pods are ready
     /// instead of all, and torch.env sets torchrun's c10d rendezvous (PET_NNODES=MIN:MAX,
     /// PET_RDZV_ENDPOINT at rank 0, PET_RDZV_ID), which the later pods join.
-    #[arg(long, env = "TRAINLET_NNODES", value_name = "MIN:MAX")]
+    #[arg(long = flags::NNODES, env = "TRAINLET_NNODES", value_name = "MIN:MAX")]
     pub nnodes: Option<String>,
 
     /// How long to wait for peers, e.g. 90s, 10m or 1h; 0 waits forever.
     #[arg(
-        long,
+        long = flags::TIMEOUT,
         env = "TRAINLET_TIMEOUT",
         value_name = "DURATION",
         default_value = defaults::TIMEOUT
@@ -223,23 +227,23 @@ pub struct OutputArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
     /// Path of the NVML library to load instead of the system's libnvidia-ml.so.1.
-    #[arg(long, env = "TRAINLET_NVML_LIB", value_name = "PATH")]
+    #[arg(long = flags::NVML_LIB, env = "TRAINLET_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 
     /// Expected GPU count. Default: the training container's
     /// resources.limits["nvidia.com/gpu"].
-    #[arg(long, env = "TRAINLET_EXPECT_GPUS", value_name = "N")]
+    #[arg(long = flags::EXPECT_GPUS, env = "TRAINLET_EXPECT_GPUS", value_name = "N")]
     pub expect_gpus: Option<u32>,
 
     /// The training container's name. Default: the first container of the pod that is
     /// not a trainlet container.
-    #[arg(long, env = "TRAINLET_CONTAINER", value_name = "NAME")]
+    #[arg(long = flags::CONTAINER, env = "TRAINLET_CONTAINER", value_name = "NAME")]
     pub container: Option<String>,
 
     /// How often the probes run (GPUs, ports, pod status). OOM kills are watched
     /// continuously and reported within about a second.
     #[arg(
-        long,
+        long = flags::INTERVAL,
         env = "TRAINLET_INTERVAL",
         value_name = "DURATION",
         default_value = defaults::INTERVAL
@@ -249,7 +253,7 @@ pub struct ReportArgs {
     /// At most one annotation patch per this interval; an OOM kill or a new port
     /// conflict is published at once.
     #[arg(
-        long,
+        long = flags::MIN_PATCH_INTERVAL,
         env = "TRAINLET_MIN_PATCH_INTERVAL",
         value_name = "DURATION",
         default_value = defaults::MIN_PATCH_INTERVAL
@@ -258,7 +262,7 @@ pub struct ReportArgs {
 
     /// Address of the Prometheus endpoint (/metrics, /livez, /readyz); `off` disables it.
     #[arg(
-        long,
+        long = flags::METRICS_ADDR,
         env = "TRAINLET_METRICS_ADDR",
         value_name = "ADDR",
         default_value_t = defaults::metrics_addr()
@@ -270,7 +274,7 @@ pub struct ReportArgs {
     /// one at /run/trainlet-observed. `exec --report` writes what only it sees there (its GPUs,
     /// CMD's ports and OOM kills) instead of publishing it, so the training container
     /// needs no API credentials; the sidecar reads it and is the pod's only reporter.
-    #[arg(long, env = "TRAINLET_OBSERVATIONS", value_name = "DIR")]
+    #[arg(long = flags::OBSERVATIONS, env = "TRAINLET_OBSERVATIONS", value_name = "DIR")]
     pub observations: Option<PathBuf>,
 }
 
@@ -303,7 +307,7 @@ pub struct MasterArgs {
     pub cluster: ClusterArgs,
     /// Directory where `trainlet init` wrote cluster.json.
     #[arg(
-        long,
+        long = flags::OUTPUT_DIR,
         env = "TRAINLET_OUTPUT_DIR",
         value_name = "DIR",
         default_value = defaults::OUTPUT_DIR
@@ -319,7 +323,7 @@ pub struct ExecArgs {
 
     /// Stay as CMD's parent and run the reporters (GPUs, ports, OOM kills of CMD and its
     /// children) in-process, forwarding signals to CMD.
-    #[arg(long, env = "TRAINLET_REPORT")]
+    #[arg(long = flags::REPORT, env = "TRAINLET_REPORT")]
     pub report: bool,
 
     #[command(flatten)]
@@ -335,26 +339,57 @@ pub struct ExecArgs {
     /// pod of the job does: an in-place group restart without an operator. `exit`:
     /// stop CMD and exit 7, so that the Job controller replaces the pod. `restart` and
     /// `exit` imply --report.
-    #[arg(long, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
-    pub on_peer_change: OnPeerChange,
+    #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
+    pub on_peer_change: PeerChange,
 
     /// `--on-peer-change restart`: how many restarts; the next change exits 7.
-    #[arg(long, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
     pub max_restarts: u32,
 
     /// How long CMD has between SIGTERM and SIGKILL when it is stopped for a restart
     /// or an exit on a peer change.
-    #[arg(long, env = "TRAINLET_RESTART_GRACE", value_name = "DURATION", default_value = defaults::RESTART_GRACE)]
+    #[arg(long = flags::RESTART_GRACE, env = "TRAINLET_RESTART_GRACE", value_name = "DURATION", default_value = defaults::RESTART_GRACE)]
     pub restart_grace: String,
 
     /// The delay before the first restart; it doubles for each later one, up to 360s
     /// (the operators' restart backoff).
-    #[arg(long, env = "TRAINLET_RESTART_BACKOFF", value_name = "DURATION", default_value = defaults::RESTART_BACKOFF)]
+    #[arg(long = flags::RESTART_BACKOFF, env = "TRAINLET_RESTART_BACKOFF", value_name = "DURATION", default_value = defaults::RESTART_BACKOFF)]
     pub restart_backoff: String,
+
+    #[command(flatten)]
+    pub stall: StallArgs,
 
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// The stall watch of `exec` (and `inject`, which writes them into exec's command).
+#[derive(Debug, Clone, Args)]
+pub struct StallArgs {
+    /// Call CMD stalled after this long without progress (e.g. 10m): without a new line
+    /// of output (or a line --progress-pattern matches), and without a touch of the file
+    /// $TRAINLET_HEARTBEAT names. Off unless given. CMD's output then passes through exec
+    /// (unchanged, unbuffered) to be watched. Choose it longer than CMD's longest silent
+    /// phase (compilation, loading a checkpoint, an evaluation that prints nothing): a
+    /// busy CMD that prints nothing is stalled too. Implies --report.
+    #[arg(long = flags::STALL_AFTER, env = "TRAINLET_STALL_AFTER", value_name = "DURATION")]
+    pub stall_after: Option<String>,
+
+    /// What a stall does: `report` (the Stalled Event, trainlet.io/progress, the
+    /// metrics; CMD runs on), `restart` (stop CMD and start it again, in every pod of the
+    /// job: a hung collective holds every rank; shares --max-restarts and the backoff
+    /// with peer changes), or `exit` (stop CMD and exit 8, so the Job controller
+    /// replaces the pod).
+    #[arg(long = flags::ON_STALL, env = "TRAINLET_ON_STALL", value_enum, value_name = "WHAT", default_value_t = defaults::ON_STALL)]
+    pub on_stall: Stall,
+
+    /// Only output lines this regular expression matches are progress (Rust regex
+    /// syntax, e.g. `step (\d+)`); its first capture group, when a number, is the step
+    /// (the metric trainlet_progress_step). Default: every new line, on stdout or
+    /// stderr, ended by a newline or a carriage return.
+    #[arg(long = flags::PROGRESS_PATTERN, env = "TRAINLET_PROGRESS_PATTERN", value_name = "REGEX")]
+    pub progress_pattern: Option<String>,
 }
 
 /// `trainlet sidecar`.
@@ -368,7 +403,7 @@ pub struct SidecarArgs {
     /// A port to watch for conflicts. Repeatable, or comma-separated. Default: the
     /// training container's containerPorts.
     #[arg(
-        long = "port",
+        long = flags::PORT,
         env = "TRAINLET_PORT",
         value_name = "N",
         value_delimiter = ','
@@ -379,7 +414,7 @@ pub struct SidecarArgs {
     /// hostPath of /sys/fs/cgroup at /host/sys/fs/cgroup). With it, OOM kills of
     /// processes inside the training container are counted, not only the kills of
     /// the container itself that pod status shows. The pod is found by its UID.
-    #[arg(long, env = "TRAINLET_CGROUP_ROOT", value_name = "DIR")]
+    #[arg(long = flags::CGROUP_ROOT, env = "TRAINLET_CGROUP_ROOT", value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
 
     /// The cluster.json of trainlet-init: after the start, the sidecar watches the pods
@@ -387,12 +422,12 @@ pub struct SidecarArgs {
     /// another address (PeerLost, PeerReplaced, trainlet.io/cluster, degraded). Used
     /// when the file exists; `off` turns the watch off. Default: cluster.json in the
     /// default --output-dir of init (/etc/trainlet).
-    #[arg(long, env = "TRAINLET_CLUSTER_FILE", value_name = "PATH")]
+    #[arg(long = flags::CLUSTER_FILE, env = "TRAINLET_CLUSTER_FILE", value_name = "PATH")]
     pub cluster_file: Option<String>,
 
     /// Exit 0 once the training container has terminated for good, so that a Job
     /// with a classic sidecar can complete. Native sidecars do not need it.
-    #[arg(long, env = "TRAINLET_EXIT_WITH_MAIN")]
+    #[arg(long = flags::EXIT_WITH_MAIN, env = "TRAINLET_EXIT_WITH_MAIN")]
     pub exit_with_main: bool,
 }
 
@@ -400,7 +435,7 @@ pub struct SidecarArgs {
 #[derive(Debug, Clone, Args)]
 pub struct GpusArgs {
     /// Path of the NVML library to load instead of the system's libnvidia-ml.so.1.
-    #[arg(long, env = "TRAINLET_NVML_LIB", value_name = "PATH")]
+    #[arg(long = flags::NVML_LIB, env = "TRAINLET_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 }
 
@@ -417,7 +452,7 @@ pub struct InjectArgs {
     /// (`---`) and `List`s are handled.
     #[arg(
         short = 'f',
-        long = "filename",
+        long = flags::FILENAME,
         env = "TRAINLET_FILENAME",
         value_name = "FILE"
     )]
@@ -425,19 +460,19 @@ pub struct InjectArgs {
 
     /// trainlet's image for the init container and the sidecar. The default is the
     /// release of this binary, so the injected agents match the one that injected them.
-    #[arg(long, env = "TRAINLET_IMAGE", value_name = "IMAGE", default_value = defaults::IMAGE)]
+    #[arg(long = flags::IMAGE, env = "TRAINLET_IMAGE", value_name = "IMAGE", default_value = defaults::IMAGE)]
     pub image: String,
 
     /// Run this container's command under `<install-to>/trainlet exec --report --`, so it
     /// gets TF_CONFIG in its environment and its GPUs, ports and OOM kills are reported.
     /// The container must set `command`: inject cannot see an image's ENTRYPOINT.
-    #[arg(long, env = "TRAINLET_WRAP", value_name = "CONTAINER")]
+    #[arg(long = flags::WRAP, env = "TRAINLET_WRAP", value_name = "CONTAINER")]
     pub wrap: Option<String>,
 
     /// Add the sidecar as a regular container that exits when the main container does
     /// (`--exit-with-main`), for clusters older than Kubernetes 1.29, which lack native
     /// sidecars (init containers with restartPolicy: Always).
-    #[arg(long, env = "TRAINLET_CLASSIC_SIDECAR")]
+    #[arg(long = flags::CLASSIC_SIDECAR, env = "TRAINLET_CLASSIC_SIDECAR")]
     pub classic_sidecar: bool,
 
     /// Give every Job (and every replicated Job of a JobSet) a podFailurePolicy that
@@ -445,14 +480,42 @@ pub struct InjectArgs {
     /// permanent code (a bad trainlet-init configuration, a command not found, a
     /// segfault), ignore pods evicted by a disruption (DisruptionTarget), and count the
     /// rest against backoffLimit. Sets the pod template's restartPolicy to Never, which
-    /// podFailurePolicy requires. See README, "When pods fail".
-    #[arg(long, env = "TRAINLET_FAILURE_POLICY")]
+    /// podFailurePolicy requires. See docs/failure-handling.md.
+    #[arg(long = flags::FAILURE_POLICY, env = "TRAINLET_FAILURE_POLICY")]
     pub failure_policy: bool,
+
+    /// With --wrap: what the wrapped container's `trainlet exec` does when a peer is lost
+    /// or replaced after the start (`exec --on-peer-change`, written into its command):
+    /// `report` (Events and the annotation; CMD runs on), `restart` (stop CMD, wait for
+    /// the cluster, start CMD again with the new addresses: an in-place group restart),
+    /// or `exit` (exit 7, so that the Job controller replaces the pod).
+    #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
+    pub on_peer_change: PeerChange,
+
+    /// CPU and memory of trainlet's init container and sidecar, as `cpu=Q,memory=Q`
+    /// (either may be left out to keep its default). Requests equal limits, so a pod
+    /// whose other containers are Guaranteed stays in the Guaranteed QoS class, which
+    /// the kubelet's static CPU manager and topology manager need to align CPUs with
+    /// GPUs.
+    #[arg(long = flags::RESOURCES, env = "TRAINLET_RESOURCES", value_name = "cpu=Q,memory=Q", default_value = defaults::RESOURCES)]
+    pub resources: String,
+
+    /// With --wrap: the wrapped container's stall watch, written into its command.
+    #[command(flatten)]
+    pub stall: StallArgs,
+
+    /// Mount a memory-backed emptyDir of this size (a quantity such as 8Gi) at /dev/shm
+    /// in the pod's containers: NCCL and PyTorch's DataLoader workers share memory
+    /// there, and a container's own /dev/shm is 64 MiB. It counts against the
+    /// container's memory limit. Containers that already mount something at /dev/shm
+    /// keep it.
+    #[arg(long = flags::SHM_SIZE, env = "TRAINLET_SHM_SIZE", value_name = "SIZE")]
+    pub shm_size: Option<String>,
 
     /// ServiceAccount for pod templates that set none (or `default`); it must be bound to
     /// trainlet's Role, as manifests/rbac.yaml does for `trainlet`.
     #[arg(
-        long,
+        long = flags::SERVICE_ACCOUNT,
         env = "TRAINLET_SERVICE_ACCOUNT",
         value_name = "NAME",
         default_value = defaults::SERVICE_ACCOUNT
@@ -464,4 +527,38 @@ pub struct InjectArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `trainlet status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The job: `job/NAME` (the pods of Job NAME), `jobset/NAME` (of JobSet NAME), or
+    /// NAME (a Job's, else a JobSet's). Or select the pods with --selector instead.
+    #[arg(value_name = "JOB")]
+    pub target: Option<String>,
+
+    /// A label selector of the job's pods, in full Kubernetes syntax, e.g.
+    /// `app=mnist`; repeatable, for jobs whose types have selectors of their own. In
+    /// the env var, separate entries with `;`.
+    #[arg(
+        short = 'l',
+        long = flags::SELECTOR,
+        env = "TRAINLET_SELECTOR",
+        value_name = "SELECTOR",
+        value_delimiter = ';'
+    )]
+    pub selectors: Vec<String>,
+
+    /// The namespace of the job. Default: the kubeconfig context's namespace.
+    #[arg(short = 'n', long = flags::NAMESPACE, env = "TRAINLET_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// `table` for people, `json` for scripts (the rows and the verdict).
+    #[arg(short = 'o', long = flags::OUTPUT, env = "TRAINLET_OUTPUT", value_enum, value_name = "FORMAT", default_value_t = StatusOutput::Table)]
+    pub output: StatusOutput,
+
+    /// Kubeconfig file. Default: $KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// service account.
+    #[arg(long = flags::KUBECONFIG, env = "TRAINLET_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }

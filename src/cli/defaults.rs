@@ -2,21 +2,18 @@
 //! from here, and `inject` compares against them to write only the flags a user
 //! changed into the agents it adds.
 
-use crate::bootstrap::Coordinate;
-use crate::cluster::{AddressMode, OrderMode, ReadyMode};
-use crate::logging::LogFormat;
-use crate::report::restart::OnPeerChange;
+use super::values::{Address, Coordination, Logs, Order, PeerChange, Ready, Stall};
 
 /// The TensorFlow server port of every task (the resolver's `tf_server_port`).
 pub const PORT: u16 = 8470;
 /// Addresses are pod IPs.
-pub const ADDRESS: AddressMode = AddressMode::PodIp;
+pub const ADDRESS: Address = Address::PodIp;
 /// The cluster DNS domain, for `--address dns`.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// Tasks follow the pods' own index.
-pub const ORDER: OrderMode = OrderMode::Index;
+pub const ORDER: Order = Order::Index;
 /// A peer is ready when Running (or in its init containers) with an address.
-pub const READY: ReadyMode = ReadyMode::Running;
+pub const READY: Ready = Ready::Running;
 /// The scheme of `master` addresses.
 pub const RPC_LAYER: &str = "grpc";
 /// The shared volume's mount path, where the files go.
@@ -28,9 +25,11 @@ pub const TIMEOUT: &str = "10m";
 /// Processes per pod: the GPU limit, else 1.
 pub const NPROC_PER_NODE: &str = "auto";
 /// The agents of large jobs coordinate.
-pub const COORDINATE: Coordinate = Coordinate::Auto;
+pub const COORDINATE: Coordination = Coordination::Auto;
 /// `exec`: a peer lost or replaced is reported; CMD runs on.
-pub const ON_PEER_CHANGE: OnPeerChange = OnPeerChange::Report;
+pub const ON_PEER_CHANGE: PeerChange = PeerChange::Report;
+/// `exec`: a stall is reported; CMD runs on.
+pub const ON_STALL: Stall = Stall::Report;
 /// `exec --on-peer-change restart`: restarts before exec exits instead.
 pub const MAX_RESTARTS: u32 = 3;
 /// `exec`: between SIGTERM and SIGKILL when CMD is stopped for a restart.
@@ -43,13 +42,21 @@ pub const INTERVAL: &str = "5s";
 pub const MIN_PATCH_INTERVAL: &str = "10s";
 /// The port of the reporters' `/metrics`; Prometheus scrape annotations name it too.
 pub const METRICS_PORT: u16 = 9464;
+/// `inject`: the CPU and memory of trainlet's containers, requests equal to limits, so
+/// that a pod whose training container is Guaranteed stays Guaranteed (the kubelet's
+/// static CPU manager and topology manager align CPUs with GPUs only for those). 128Mi
+/// holds the sidecar under a burst of 500 slow connections to its metrics port. 50m is
+/// what a sidecar at rest never reaches, and what every pod of a job reserves: the
+/// resolver of a job of a thousand pods decodes their list more slowly under it, which
+/// `--resources cpu=250m` avoids.
+pub const RESOURCES: &str = "cpu=50m,memory=128Mi";
 /// The ServiceAccount of `manifests/rbac.yaml`.
 pub const SERVICE_ACCOUNT: &str = "trainlet";
 /// The release image of this version of trainlet, so injected agents match the binary
 /// that injected them.
 pub const IMAGE: &str = concat!("ghcr.io/trainlet/trainlet:", env!("CARGO_PKG_VERSION"));
 /// Log lines for people.
-pub const LOG_FORMAT: LogFormat = LogFormat::Text;
+pub const LOG_FORMAT: Logs = Logs::Text;
 /// tracing's EnvFilter.
 pub const LOG_LEVEL: &str = "info";
 

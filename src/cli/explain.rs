@@ -9,16 +9,17 @@
 use crate::Failure;
 use crate::bootstrap::InitError;
 use crate::cluster::{ClusterError, DNS_ADVICE};
-use crate::frameworks::FrameworkError;
+use crate::flags;
 use crate::inject::{InjectError, TransformError};
 use crate::kube::KubeError;
 use crate::metrics::MetricsError;
 use crate::peers::WaitError;
-use crate::peers::coordinated::FollowError;
+use crate::peers::follow::FollowError;
 use crate::peers::list::ListError;
+use crate::render::OutputError;
+use crate::render::frameworks::{FrameworkError, PerGpu};
 use crate::report::engine::ReportError;
-use crate::report::engine::child::SpawnError;
-use crate::tfconfig::OutputError;
+use crate::supervise::child::SpawnError;
 
 /// The message of a cluster error.
 pub fn cluster(e: &ClusterError) -> String {
@@ -55,6 +56,24 @@ pub fn kube(e: &KubeError) -> String {
     }
 }
 
+/// The message of a Kubernetes client error in `status`, which needs only the
+/// read-only Role of manifests/status/role.yaml, not trainlet's own.
+pub fn status(e: &KubeError) -> Failure {
+    let message = match e {
+        KubeError::Forbidden {
+            verb,
+            resource,
+            namespace,
+            user,
+            message,
+        } => format!(
+            "forbidden: cannot {verb} {resource} in namespace {namespace:?}: bind {user} to the Role of manifests/status/role.yaml, which grants get, list and watch on pods and events ({message})"
+        ),
+        _ => kube(e),
+    };
+    Failure::new(e.code(), message)
+}
+
 /// The message of an error while waiting for the peers.
 pub fn wait(e: &WaitError) -> String {
     match e {
@@ -81,15 +100,27 @@ pub fn init(e: &InitError) -> String {
         InitError::Wait(w) => wait(w),
         InitError::Follow(f) => match f {
             FollowError::Kube(k) => kube(k),
-            FollowError::Timeout { .. } => f.to_string(),
+            FollowError::Timeout { .. } | FollowError::Behind { .. } => f.to_string(),
         },
+        InitError::TooLarge(_) => format!(
+            "{e}; use --coordinate never (every agent then watches every peer), or keep fewer annotations of your own on this pod"
+        ),
+        InitError::Publish(_) => e.to_string(),
         InitError::Output(o) => output(o),
         InitError::InstallDir { dir, why } => {
             format!("cannot create --install-to {}: {why}", dir.display())
         }
         InitError::Framework(f) => match f {
             FrameworkError::NoRankZero { .. } => format!("{e} in --job"),
-            FrameworkError::NoGpus { .. } => e.to_string(),
+            FrameworkError::NoGpus { per_gpu } => {
+                let flag = match per_gpu {
+                    PerGpu::Slots => flags::SLOTS,
+                    PerGpu::Processes => flags::NPROC_PER_NODE,
+                };
+                format!(
+                    "--{flag} gpu needs a GPU limit, but the training container has no nvidia.com/gpu limit"
+                )
+            }
         },
         InitError::PortConflict(_) | InitError::Install(_) => e.to_string(),
     }
@@ -206,5 +237,18 @@ mod tests {
             dns.message
         );
         assert_eq!(dns.code, crate::Code::Usage);
+    }
+
+    #[test]
+    fn one_per_gpu_without_gpus_names_its_flag() {
+        let no_gpus = |per_gpu| init(&InitError::Framework(FrameworkError::NoGpus { per_gpu }));
+        assert_eq!(
+            no_gpus(PerGpu::Processes),
+            "--nproc-per-node gpu needs a GPU limit, but the training container has no nvidia.com/gpu limit"
+        );
+        assert_eq!(
+            no_gpus(PerGpu::Slots),
+            "--slots gpu needs a GPU limit, but the training container has no nvidia.com/gpu limit"
+        );
     }
 }

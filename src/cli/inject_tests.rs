@@ -473,17 +473,17 @@ fn a_template_with_its_own_service_account_keeps_it_with_a_note() {
     );
 }
 
-/// The shipped examples are exactly what inject makes of their un-injected originals
-/// (comments aside), so the examples and inject can never drift apart.
+/// The shipped examples and the quickstart's manifests are exactly what inject makes of
+/// their un-injected originals (comments aside), so they and inject can never drift apart.
 #[test]
 fn the_examples_are_inject_output_of_their_originals() {
-    let cases: [(&str, &str, &[&str]); 8] = [
+    let cases: [(&str, &str, &[&str]); 10] = [
         (
             include_str!("../../tests/fixtures/inject/pytorch-torchrun.orig.yaml"),
             include_str!("../../manifests/examples/pytorch-torchrun.yaml"),
             &[
                 "--job",
-                "worker=batch.kubernetes.io/job-name=ddp",
+                "worker=batch.kubernetes.io/job-name=ddp-torchrun",
                 "--framework",
                 "pytorch",
                 "--wrap",
@@ -519,7 +519,7 @@ fn the_examples_are_inject_output_of_their_originals() {
             include_str!("../../manifests/examples/jobset-pytorch.yaml"),
             &[
                 "--job",
-                "worker=jobset.sigs.k8s.io/jobset-name=ddp",
+                "worker=jobset.sigs.k8s.io/jobset-name=ddp-jobset",
                 "--framework",
                 "pytorch",
                 "--wrap",
@@ -531,21 +531,21 @@ fn the_examples_are_inject_output_of_their_originals() {
             include_str!("../../manifests/examples/tf-ps-worker.yaml"),
             &[
                 "--job",
-                "ps=batch.kubernetes.io/job-name=mnist-ps",
+                "worker=batch.kubernetes.io/job-name=mnist-ps-worker,batch.kubernetes.io/job-completion-index in (0,1,2)",
                 "--job",
-                "worker=batch.kubernetes.io/job-name=mnist-worker",
+                "ps=batch.kubernetes.io/job-name=mnist-ps-worker,batch.kubernetes.io/job-completion-index in (3,4)",
+                "--expect",
+                "ps=2,worker=3",
                 "--wrap",
                 "tensorflow",
             ],
         ),
         (
-            include_str!("../../tests/fixtures/inject/tf-statefulset.orig.yaml"),
-            include_str!("../../manifests/examples/tf-statefulset.yaml"),
+            include_str!("../../tests/fixtures/inject/tf-multiworker.orig.yaml"),
+            include_str!("../../manifests/examples/tf-multiworker.yaml"),
             &[
                 "--job",
-                "worker=app.kubernetes.io/name=mnist",
-                "--address",
-                "dns",
+                "worker=batch.kubernetes.io/job-name=mnist-mwms",
                 "--wrap",
                 "tensorflow",
             ],
@@ -555,7 +555,7 @@ fn the_examples_are_inject_output_of_their_originals() {
             include_str!("../../manifests/examples/failure-policy-job.yaml"),
             &[
                 "--job",
-                "worker=batch.kubernetes.io/job-name=mnist",
+                "worker=batch.kubernetes.io/job-name=mnist-failure-policy",
                 "--wrap",
                 "tensorflow",
                 "--failure-policy",
@@ -566,8 +566,31 @@ fn the_examples_are_inject_output_of_their_originals() {
             include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
             &[
                 "--job",
-                "worker=batch.kubernetes.io/job-name=mnist",
+                "worker=batch.kubernetes.io/job-name=mnist-classic",
                 "--classic-sidecar",
+                "--wrap",
+                "tensorflow",
+            ],
+        ),
+        // The README's quickstart.
+        (
+            include_str!("../../tests/fixtures/inject/quickstart-pytorch.orig.yaml"),
+            include_str!("../../manifests/quickstart/pytorch.yaml"),
+            &[
+                "--job",
+                "worker=batch.kubernetes.io/job-name=pytorch-quickstart",
+                "--framework",
+                "pytorch",
+                "--wrap",
+                "pytorch",
+            ],
+        ),
+        (
+            include_str!("../../tests/fixtures/inject/quickstart-tensorflow.orig.yaml"),
+            include_str!("../../manifests/quickstart/tensorflow.yaml"),
+            &[
+                "--job",
+                "worker=batch.kubernetes.io/job-name=tensorflow-quickstart",
                 "--wrap",
                 "tensorflow",
             ],
@@ -612,7 +635,7 @@ fn every_trainlet_container_is_locked_down() {
             );
             assert_eq!(
                 c["resources"],
-                serde_json::json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "250m", "memory": "128Mi"}})
+                serde_json::json!({"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "50m", "memory": "128Mi"}})
             );
         }
     }
@@ -786,7 +809,7 @@ fn no_token_reaches_the_training_containers() {
         include_str!("../../manifests/examples/mpi-hostfile.yaml"),
         include_str!("../../manifests/examples/jobset-pytorch.yaml"),
         include_str!("../../manifests/examples/tf-ps-worker.yaml"),
-        include_str!("../../manifests/examples/tf-statefulset.yaml"),
+        include_str!("../../manifests/examples/tf-multiworker.yaml"),
         include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
         include_str!("../../manifests/examples/failure-policy-job.yaml"),
     ];
@@ -923,4 +946,181 @@ fn failure_policy_adds_the_exit_code_rules_and_restart_policy_never() {
         rjob["template"]["spec"]["containers"][0]["name"]
     );
     assert_eq!(rjob["template"]["spec"]["restartPolicy"], "Never");
+}
+
+/// A Job that has a podFailurePolicy of its own keeps its rules, first (the first rule
+/// that matches applies: its `Ignore` for exit code 1 stands), with trainlet's after
+/// them, a note saying so, and nothing added twice by a second inject.
+#[test]
+fn failure_policy_keeps_the_jobs_own_rules_first() {
+    let src = r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: mnist
+spec:
+  podFailurePolicy:
+    rules:
+      - action: Ignore
+        onExitCodes:
+          containerName: tensorflow
+          operator: In
+          values: [1]
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: tensorflow
+          image: tf
+          command: [python, train.py]
+"#;
+    let args = [
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--wrap",
+        "tensorflow",
+        "--failure-policy",
+    ];
+    let out = inject(src, &config(&args)).unwrap();
+    let rules = docs(&out.yaml)[0]["spec"]["podFailurePolicy"]["rules"].clone();
+    assert_eq!(
+        rules,
+        serde_json::json!([
+            {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [1]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainlet-init", "operator": "In", "values": [1, 2, 5]}},
+            {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [1, 2, 126, 127, 128, 139]}}
+        ])
+    );
+    let notes: Vec<String> = out.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "document 1 (batch/v1 Job \"mnist\"): --failure-policy keeps the 1 podFailurePolicy rule it had first (the first rule that matches applies) and adds trainlet's after it",
+            "document 1 (batch/v1 Job \"mnist\"): injected"
+        ]
+    );
+    let again = inject(&out.yaml, &config(&args)).unwrap();
+    assert_eq!(again.yaml, out.yaml);
+    assert!(
+        again
+            .notes
+            .iter()
+            .all(|n| !n.text.contains("podFailurePolicy")),
+        "{:?}",
+        again.notes
+    );
+    // More rules than Kubernetes allows with trainlet's: refused, naming the count.
+    let many: String = (0..18)
+        .map(|i| {
+            format!(
+                "      - action: Count\n        onExitCodes: {{operator: In, values: [{}]}}\n",
+                200 + i
+            )
+        })
+        .collect();
+    let crowded = src.replace(
+        "      - action: Ignore\n        onExitCodes:\n          containerName: tensorflow\n          operator: In\n          values: [1]\n",
+        &many,
+    );
+    let e = inject(&crowded, &config(&args)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "batch/v1 Job \"mnist\" (document 1): --failure-policy: with trainlet's 3 rules after its 18 own, spec.podFailurePolicy would have 21 rules, more than the 20 Kubernetes allows"
+    );
+}
+
+/// A pod template built with a YAML merge key: inject edits what kubectl would send,
+/// so the merged training container stays and trainlet's come beside it.
+#[test]
+fn a_template_built_with_merge_keys_keeps_its_merged_containers() {
+    // An alias reaches only within its document, as for kubectl: one List here.
+    let merged = r#"apiVersion: v1
+kind: List
+items:
+  - apiVersion: batch/v1
+    kind: Job
+    metadata: {name: base}
+    spec:
+      template:
+        spec: &spec
+          restartPolicy: Never
+          containers:
+            - name: tensorflow
+              image: tf
+              command: [python, train.py]
+  - apiVersion: batch/v1
+    kind: Job
+    metadata: {name: eval}
+    spec:
+      template:
+        spec:
+          <<: *spec
+          activeDeadlineSeconds: 600
+"#;
+    for classic in [false, true] {
+        let mut args = vec!["--job", "worker=batch.kubernetes.io/job-name=eval"];
+        if classic {
+            args.push("--classic-sidecar");
+        }
+        let out = inject(merged, &config(&args)).unwrap();
+        let d = &docs(&out.yaml)[0]["items"][1];
+        let spec = &d["spec"]["template"]["spec"];
+        let want_containers: &[&str] = if classic {
+            &["tensorflow", "trainlet"]
+        } else {
+            &["tensorflow"]
+        };
+        assert_eq!(names(&spec["containers"]), want_containers, "{}", out.yaml);
+        assert_eq!(spec["activeDeadlineSeconds"], 600);
+        assert_eq!(spec["restartPolicy"], "Never");
+        assert!(!out.yaml.contains("<<"), "{}", out.yaml);
+    }
+}
+
+/// A container or volume of the user's with a name inject uses is refused, not
+/// replaced: the user's would be gone without a word.
+#[test]
+fn the_users_own_trainlet_named_containers_and_volumes_are_refused() {
+    let job = |extra_container: &str, volumes: &str| {
+        format!(
+            r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: mnist
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: tensorflow
+          image: tf
+          command: [python, train.py]
+{extra_container}{volumes}"#
+        )
+    };
+    let args = ["--job", "worker=batch.kubernetes.io/job-name=mnist"];
+    let e = inject(
+        &job("        - name: trainlet\n          image: my/logger\n", ""),
+        &config(&args),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "batch/v1 Job \"mnist\" (document 1): containers has a container \"trainlet\" that trainlet inject did not add; inject adds its own under that name: rename yours"
+    );
+    let e = inject(
+        &job(
+            "",
+            "      volumes:\n        - name: trainlet-token\n          secret: {secretName: mine}\n",
+        ),
+        &config(&args),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "batch/v1 Job \"mnist\" (document 1): has a volume \"trainlet-token\" that trainlet inject did not add; inject adds its own under that name: rename yours"
+    );
+    // inject's own, from an earlier inject: replaced, as always.
+    let once = inject(&job("", ""), &config(&args)).unwrap();
+    assert_eq!(inject(&once.yaml, &config(&args)).unwrap().yaml, once.yaml);
 }

@@ -14,17 +14,25 @@ pub mod args;
 pub mod defaults;
 pub mod explain;
 pub mod lower;
+pub mod reference;
+pub mod values;
 
+#[cfg(test)]
+mod inject_pod_tests;
 #[cfg(test)]
 mod inject_tests;
 
 use clap::{Parser, Subcommand};
 
-use crate::logging::LogFormat;
-use args::{ExecArgs, GpusArgs, InitArgs, InjectArgs, MasterArgs, ResolveArgs, SidecarArgs};
+use crate::flags;
+use args::{
+    ExecArgs, GpusArgs, InitArgs, InjectArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs,
+};
+use values::Logs;
 
-/// trainlet: TF_CONFIG for distributed TensorFlow on Kubernetes without an operator,
-/// and a reporter for the GPU, port and OOM trouble of training pods.
+/// trainlet: every process of a distributed training job (PyTorch, JAX, MPI,
+/// TensorFlow) on Kubernetes gets its cluster and rank without an operator, and the
+/// GPU, port and OOM trouble of its pods is reported.
 #[derive(Debug, Parser)]
 #[command(
     name = "trainlet",
@@ -41,14 +49,14 @@ changed and --on-peer-change exit (or restart past --max-restarts) ended CMD."
 )]
 pub struct Cli {
     /// Log format: `text` for people, `json` for log collectors in clusters.
-    #[arg(long, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = defaults::LOG_FORMAT, global = true)]
-    pub log_format: LogFormat,
+    #[arg(long = flags::LOG_FORMAT, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = defaults::LOG_FORMAT, global = true)]
+    pub log_format: Logs,
 
     /// Log filter, in tracing's EnvFilter syntax, e.g. `info` or `trainlet=debug,kube=warn`.
     /// The Kubernetes client's own log of each failed request repeats trainlet's error
     /// and is off unless the filter names it, e.g. `info,kube_client=debug`.
     #[arg(
-        long,
+        long = flags::LOG_LEVEL,
         env = "TRAINLET_LOG_LEVEL",
         default_value = defaults::LOG_LEVEL,
         global = true
@@ -79,6 +87,11 @@ pub enum Command {
     Gpus(GpusArgs),
     /// Add trainlet to the pod templates of Kubernetes YAML (like `linkerd inject`).
     Inject(InjectArgs),
+    /// Show a job's pods as trainlet sees them (task, IP, phase, health, GPUs, cluster,
+    /// restarts, last OOM kill, last Event) and one verdict for the job. Reads only:
+    /// get/list on pods and events. Also `kubectl trainlet status` when installed as
+    /// the kubectl plugin `kubectl-trainlet`.
+    Status(StatusArgs),
 }
 
 #[cfg(test)]

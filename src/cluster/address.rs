@@ -4,10 +4,16 @@
 
 /// `host:port`, with an IPv6 host in brackets.
 pub fn join(host: &str, port: u16) -> String {
+    format!("{}:{port}", bracketed(host))
+}
+
+/// A host to put before `:<something>`: an IPv6 address in brackets, so that the `:`
+/// after it cannot be taken for part of it (`[fd00::1]:8`, not `fd00::1:8`).
+pub fn bracketed(host: &str) -> std::borrow::Cow<'_, str> {
     if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
+        format!("[{host}]").into()
     } else {
-        format!("{host}:{port}")
+        host.into()
     }
 }
 

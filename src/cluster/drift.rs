@@ -11,8 +11,20 @@
 //! (`batch.kubernetes.io/job-name` + `job-completion-index`, which the Job controller
 //! gives the replacement of an index too, and which JobSet's Jobs keep), else its name
 //! (a StatefulSet's replacement keeps the name).
+//!
+//! In coordinated mode only the resolver pod watches every peer: [`current`] turns
+//! where its tasks stand into the cluster it publishes again, and every other pod
+//! compares its files with that ([`against_published`]), watching one pod instead of N.
 
 use std::collections::HashMap;
+
+use super::published::Resolution;
+use super::{Cluster, Peer};
+
+/// The most bytes `trainlet.io/cluster` (and `peers.json`'s `cluster`) may hold: the
+/// stale tasks that fit are listed, the rest counted, so that a job of thousands with
+/// every peer gone still fits beside the pod's other annotations.
+pub const ANNOTATION_MAX: usize = 4096;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -69,10 +81,19 @@ pub struct Live {
     pub ip: Option<String>,
     pub phase: Option<String>,
     pub deleting: bool,
+    /// The node it runs on: what the resolver publishes for a replacement.
+    pub node: Option<String>,
+    /// Its `trainlet.io/progress` annotation, where its reporter publishes one.
+    pub progress: Option<String>,
 }
 
 impl Live {
-    pub fn of(meta: &ObjectMeta, ip: Option<String>, phase: Option<String>) -> Live {
+    pub fn of(
+        meta: &ObjectMeta,
+        ip: Option<String>,
+        phase: Option<String>,
+        node: Option<String>,
+    ) -> Live {
         Live {
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
@@ -80,6 +101,12 @@ impl Live {
             ip,
             phase,
             deleting: meta.deletion_timestamp.is_some(),
+            node,
+            progress: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::publish::keys::PROGRESS))
+                .cloned(),
         }
     }
     /// A pod that still serves: not failed and not being deleted. A Succeeded pod
@@ -96,11 +123,12 @@ pub enum Held {
     Current,
     /// By nobody that serves; `why` says what became of it.
     Lost { why: String },
-    /// By another pod, at another address.
+    /// By another pod, at another address (a host).
     Replaced {
         pod: String,
         uid: String,
         address: String,
+        node: Option<String>,
     },
 }
 
@@ -152,6 +180,7 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
                                 pod: p.name.clone(),
                                 uid: p.uid.clone(),
                                 address: ip.clone(),
+                                node: p.node.clone(),
                             },
                         },
                         None => Held::Lost {
@@ -179,15 +208,19 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
 
 /// Where the cluster is complete again (no task lost), each replaced task's move to its
 /// replacement: the host, and the pod that now holds it. `None` while a task is lost.
-pub fn moves(drift: &[Drift]) -> Option<Vec<(String, super::rehost::Move, String, String)>> {
+pub fn moves(
+    drift: &[Drift],
+) -> Option<Vec<(String, crate::render::rehost::Move, String, String)>> {
     let mut out = Vec::new();
     for d in drift {
         match &d.held {
             Held::Current => {}
             Held::Lost { .. } => return None,
-            Held::Replaced { pod, uid, address } => out.push((
+            Held::Replaced {
+                pod, uid, address, ..
+            } => out.push((
                 d.task.clone(),
-                super::rehost::Move {
+                crate::render::rehost::Move {
                     from: d.was.clone(),
                     to: address.clone(),
                 },
@@ -200,21 +233,130 @@ pub fn moves(drift: &[Drift]) -> Option<Vec<(String, super::rehost::Move, String
 }
 
 /// `trainlet.io/cluster`: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19; ps/0
-/// 10.0.0.5 → none`.
+/// 10.0.0.5 → none`; at most [`ANNOTATION_MAX`] bytes: the tasks that fit, then
+/// `; … and N more`.
 pub fn annotation(drift: &[Drift]) -> String {
-    let stale: Vec<String> = drift
-        .iter()
-        .filter_map(|d| match &d.held {
-            Held::Current => None,
-            Held::Lost { .. } => Some(format!("{} {} → none", d.task, d.was)),
-            Held::Replaced { address, .. } => Some(format!("{} {} → {address}", d.task, d.was)),
-        })
-        .collect();
-    if stale.is_empty() {
-        "current".into()
-    } else {
-        format!("stale: {}", stale.join("; "))
+    let mut stale = drift.iter().filter_map(|d| match &d.held {
+        Held::Current => None,
+        Held::Lost { .. } => Some(format!("{} {} → none", d.task, d.was)),
+        Held::Replaced { address, .. } => Some(format!("{} {} → {address}", d.task, d.was)),
+    });
+    let Some(first) = stale.next() else {
+        return "current".into();
+    };
+    let mut out = format!("stale: {first}");
+    let mut more = 0usize;
+    // Room for the longest tail: "; … and 18446744073709551615 more".
+    const TAIL: usize = 40;
+    for s in stale {
+        if more == 0 && out.len() + 2 + s.len() + TAIL <= ANNOTATION_MAX {
+            out.push_str("; ");
+            out.push_str(&s);
+        } else {
+            more += 1;
+        }
     }
+    if out.len() > ANNOTATION_MAX - TAIL {
+        // One task alone longer than the budget (a 253-character DNS name twice).
+        out = crate::publish::truncate(&out, ANNOTATION_MAX - TAIL);
+    }
+    if more > 0 {
+        out.push_str(&format!("; … and {more} more"));
+    }
+    out
+}
+
+/// The resolver's side: the cluster as it stands now, to publish again. Each task is
+/// held by its resolved pod (`peers`, in rank order within each type), or moved to its
+/// replacement (at the same port); a task without a live pod keeps its last entry and
+/// is listed as lost.
+pub fn current(peers: &[Peer], drift: &[Drift]) -> (Cluster, Vec<String>) {
+    let by_task: HashMap<&str, &Drift> = drift.iter().map(|d| (d.task.as_str(), d)).collect();
+    let mut cluster = Cluster::default();
+    let mut lost = Vec::new();
+    for p in peers {
+        let task = format!("{}/{}", p.task_type, p.index);
+        let mut p = p.clone();
+        match by_task.get(task.as_str()).map(|d| &d.held) {
+            Some(Held::Lost { .. }) => lost.push(task),
+            Some(Held::Replaced {
+                pod,
+                uid,
+                address,
+                node,
+            }) => {
+                let port = super::address::port(&p.address);
+                p.address = match port {
+                    Some(port) => super::address::join(address, port),
+                    None => address.clone(),
+                };
+                p.name = pod.clone();
+                p.uid = uid.clone();
+                p.node = node.clone();
+            }
+            Some(Held::Current) | None => {}
+        }
+        cluster
+            .tasks
+            .entry(p.task_type.clone())
+            .or_default()
+            .push(p);
+    }
+    for tasks in cluster.tasks.values_mut() {
+        tasks.sort_by_key(|p| p.index);
+    }
+    (cluster, lost)
+}
+
+/// A follower's side: where each resolved task stands in the resolver's latest
+/// resolution. A task the resolution lists as lost is lost; one held there by the same
+/// pod, or by another pod at the same host (a DNS name follows its pod), is current;
+/// one held by another pod at another host is replaced.
+pub fn against_published(resolved: &[Resolved], published: &Resolution) -> Vec<Drift> {
+    resolved
+        .iter()
+        .map(|r| {
+            let task = r.task();
+            let held = match published.cluster.task(&r.task_type, r.index) {
+                _ if published.lost.contains(&task) => Held::Lost {
+                    why: "the resolver pod sees no live pod for it".into(),
+                },
+                None => Held::Lost {
+                    why: "the resolver's cluster has no such task".into(),
+                },
+                Some(p) if p.uid == r.uid => Held::Current,
+                Some(p) if super::address::host(&p.address) == r.host() => Held::Current,
+                Some(p) => Held::Replaced {
+                    pod: p.name.clone(),
+                    uid: p.uid.clone(),
+                    address: super::address::host(&p.address).to_string(),
+                    node: p.node.clone(),
+                },
+            };
+            Drift {
+                task,
+                was: r.host().to_string(),
+                held,
+            }
+        })
+        .collect()
+}
+
+/// A follower's side while no live pod publishes: the resolver's own task is lost, for
+/// `why`; of the others it cannot tell, so they stand as they were.
+pub fn resolver_gone(resolved: &[Resolved], resolver_task: &str, why: &str) -> Vec<Drift> {
+    resolved
+        .iter()
+        .map(|r| Drift {
+            task: r.task(),
+            was: r.host().to_string(),
+            held: if r.task() == resolver_task {
+                Held::Lost { why: why.into() }
+            } else {
+                Held::Current
+            },
+        })
+        .collect()
 }
 
 /// The Warning Event of a task's new state: (reason, note); none for `Current`.
@@ -261,6 +403,8 @@ mod tests {
             ip: ip.map(String::from),
             phase: Some(phase.into()),
             deleting: false,
+            node: Some("n2".into()),
+            progress: None,
         }
     }
 
@@ -310,7 +454,7 @@ mod tests {
             moves(&d),
             Some(vec![(
                 "worker/1".to_string(),
-                crate::cluster::rehost::Move {
+                crate::render::rehost::Move {
                     from: "10.0.0.7".into(),
                     to: "10.0.0.19".into()
                 },
@@ -389,5 +533,142 @@ mod tests {
         let sts: ObjectMeta =
             serde_json::from_value(serde_json::json!({"name": "mnist-2"})).unwrap();
         assert_eq!(slot(&sts), "name/mnist-2");
+    }
+
+    #[test]
+    fn a_job_of_thousands_without_peers_fits_in_the_annotation() {
+        let r: Vec<Resolved> = (0..2400)
+            .map(|i| {
+                let mut r = resolved(i, "x");
+                r.task_type = "t".repeat(63);
+                r.address = format!("[fd00:1234:5678:9abc::{i:x}]:8470");
+                r
+            })
+            .collect();
+        let text = annotation(&assess(&r, &[]));
+        assert!(text.len() <= ANNOTATION_MAX, "{}", text.len());
+        assert!(text.len() > ANNOTATION_MAX - 200, "{}", text.len());
+        let listed = text.matches(" → none").count();
+        assert!(
+            text.ends_with(&format!("; … and {} more", 2400 - listed)),
+            "{}",
+            &text[text.len() - 60..]
+        );
+        assert!(text.starts_with(&format!(
+            "stale: {}/0 fd00:1234:5678:9abc::0 → none; ",
+            "t".repeat(63)
+        )));
+        // One task alone over the budget is cut, and still says what it is.
+        let mut huge = resolved(0, "x");
+        huge.address = format!("{}:8470", "d".repeat(5000));
+        let text = annotation(&assess(&[huge], &[]));
+        assert!(text.len() <= ANNOTATION_MAX && text.starts_with("stale: worker/0 ddd"));
+    }
+
+    fn peer(t: &str, i: usize, ip: &str) -> Peer {
+        Peer {
+            name: format!("{t}-{i}-aaaa"),
+            task_type: t.into(),
+            index: i,
+            address: format!("{ip}:8470"),
+            node: Some("n1".into()),
+            uid: format!("uid-{i}"),
+            namespace: "ml".into(),
+        }
+    }
+
+    #[test]
+    fn the_resolver_publishes_replacements_and_lost_tasks() {
+        let peers = [
+            peer("worker", 0, "10.0.0.6"),
+            peer("worker", 1, "10.0.0.7"),
+            peer("worker", 2, "10.0.0.8"),
+        ];
+        let r: Vec<Resolved> = (1..3)
+            .map(|i| resolved(i, &format!("10.0.0.{}", 6 + i)))
+            .collect();
+        let pods = [
+            live(
+                "w-1-bbbb",
+                "uid-1b",
+                "job/w/1",
+                Some("10.0.0.19"),
+                "Running",
+            ),
+            live("w-2-aaaa", "uid-2", "job/w/2", Some("10.0.0.8"), "Failed"),
+        ];
+        let (c, lost) = current(&peers, &assess(&r, &pods));
+        assert_eq!(lost, ["worker/2"]);
+        let w = &c.tasks["worker"];
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0], peers[0], "the resolver's own task stays");
+        assert_eq!(
+            (
+                w[1].name.as_str(),
+                w[1].uid.as_str(),
+                w[1].address.as_str(),
+                w[1].node.as_deref()
+            ),
+            ("w-1-bbbb", "uid-1b", "10.0.0.19:8470", Some("n2"))
+        );
+        assert_eq!(w[2], peers[2], "a lost task keeps the pod that held it");
+        // IPv6 keeps its brackets and port.
+        let v6 = [peer("worker", 1, "[fd00::7]")];
+        let mut r6 = resolved(1, "x");
+        r6.address = "[fd00::7]:8470".into();
+        let moved = live("w-1-bbbb", "uid-1b", "job/w/1", Some("fd00::21"), "Running");
+        let (c, _) = current(&v6, &assess(&[r6], &[moved]));
+        assert_eq!(c.tasks["worker"][0].address, "[fd00::21]:8470");
+    }
+
+    #[test]
+    fn a_follower_compares_its_files_with_the_resolvers_cluster() {
+        let r: Vec<Resolved> = (1..4)
+            .map(|i| resolved(i, &format!("10.0.0.{}", 6 + i)))
+            .collect();
+        let mut c = Cluster::default();
+        let mut moved = peer("worker", 1, "10.0.0.19");
+        moved.uid = "uid-1b".into();
+        moved.name = "w-1-bbbb".into();
+        // Task 2: another pod at the same address is the same host (a DNS name, or an
+        // IP handed out again).
+        let mut same_host = peer("worker", 2, "10.0.0.8");
+        same_host.uid = "uid-2b".into();
+        c.tasks.insert(
+            "worker".into(),
+            vec![
+                peer("worker", 0, "10.0.0.6"),
+                moved,
+                same_host,
+                peer("worker", 3, "10.0.0.9"),
+            ],
+        );
+        let published = Resolution {
+            cluster: c,
+            generation: 5,
+            lost: vec!["worker/3".into()],
+        };
+        let d = against_published(&r, &published);
+        assert_eq!(
+            annotation(&d),
+            "stale: worker/1 10.0.0.7 → 10.0.0.19; worker/3 10.0.0.9 → none"
+        );
+        assert_eq!(d[1].held, Held::Current);
+        assert_eq!(
+            event(&d[2]).unwrap().1,
+            "task worker/3 (10.0.0.9) has no live pod: the resolver pod sees no live pod for it; the cluster this pod was given is stale"
+        );
+        assert_eq!(moves(&d), None, "nothing moves while a task is lost");
+        // A task the resolver's cluster does not have at all.
+        let r9 = [resolved(9, "10.0.0.99")];
+        assert_eq!(
+            against_published(&r9, &published)[0].held,
+            Held::Lost {
+                why: "the resolver's cluster has no such task".into()
+            }
+        );
+        // The resolver pod gone: its task is lost, the others cannot be told.
+        let d = resolver_gone(&r, "worker/1", "pod w-1-aaaa is gone");
+        assert_eq!(annotation(&d), "stale: worker/1 10.0.0.7 → none");
     }
 }

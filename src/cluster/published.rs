@@ -8,12 +8,18 @@
 //! and uid, in rank order), so an agent writes byte for byte what it would have written
 //! by watching all peers.
 //!
-//! Format: `{"v":1,"generation":G,"peers":N,"sha256":"…","deflate":"…"}`, where
+//! Format: `{"v":2,"generation":G,"peers":N,"sha256":"…","deflate":"…"}`, where
 //! `deflate` is the base64 of the raw-deflated JSON payload
-//! `[["ps",[[name,address,node,uid],…]],["worker",…]]` (types in `--job` order). Pod
-//! uids are random, so the payload is about 110 bytes per pod before compression and
-//! about 45 after, with base64: 4,096 pods fit in about 185 KiB, under the 256 KiB that
-//! all of a pod's annotations share. Larger clusters are refused with a clear error.
+//! `{"tasks":[["ps",[[name,address,node,uid],…]],["worker",…]],"lost":["worker/1"]}`
+//! (types in `--job` order). `lost` names the tasks that have no live pod right now:
+//! the resolver keeps watching after the start and publishes again, with a higher
+//! generation, whenever a task's pod is lost or replaced (`cluster::drift` says which),
+//! so that the other pods learn of it from this one pod, and a replacement finds
+//! itself in it. A resolution with lost tasks is never resolved from; its last entry
+//! for a lost task is the pod that held it. Pod uids are random, so the payload is
+//! about 110 bytes per pod before compression and about 45 after, with base64
+//! (measured in the tests below for realistic, long and IPv6 names). A cluster whose
+//! annotation would not fit in [`MAX_ENCODED`] is refused with a clear error.
 //!
 //! The hash detects a truncated or corrupted value, not a forgery: anyone who may patch
 //! the pod can compute it. What protects a reader is what it checks: the resolver's own
@@ -32,13 +38,50 @@ use super::{Cluster, Peer, Task};
 
 /// The annotation on the resolver pod.
 pub const ANNOTATION: &str = "trainlet.io/resolution";
+
+/// A pod's part in a coordinated job after the start, as `cluster.json` records it for
+/// the reporters: the resolver watches every peer and publishes again when one
+/// changes; a follower watches the resolver pod only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coordination {
+    pub role: CoordinationRole,
+    /// The label selector that finds the resolver pod (a follower's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolver: Option<String>,
+    /// The job types in `--job` order: the order of the published resolution.
+    pub types: Vec<String>,
+    /// The generation of the resolution the files hold: a follower compares them only
+    /// with a resolution at least this new.
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoordinationRole {
+    Resolver,
+    Follower,
+}
+
+impl Coordination {
+    /// Task 0 of the first type: the resolver's own task.
+    pub fn resolver_task(&self) -> String {
+        format!("{}/0", self.types.first().map_or("", String::as_str))
+    }
+}
+
+/// The next generation after `previous`: the time in milliseconds, so that a new
+/// resolver pod (which knows no previous one) still publishes a higher one, and never
+/// less than one more than `previous`.
+pub fn next_generation(previous: u64, now_ms: u64) -> u64 {
+    now_ms.max(previous.saturating_add(1))
+}
 /// The most the annotation may hold: a pod's annotations share 256 KiB, and the
 /// resolver pod carries trainlet's report and the user's own annotations too.
 pub const MAX_ENCODED: usize = 200 * 1024;
 /// The most an annotation may inflate to: a reader does not trust what it reads.
 const MAX_PAYLOAD: usize = 16 << 20;
-/// The format's version.
-const VERSION: u32 = 1;
+/// The format's version: 2 added `lost` (the resolver publishes after the start).
+const VERSION: u32 = 2;
 
 #[derive(Debug, Error, PartialEq)]
 pub enum PublishedError {
@@ -68,13 +111,66 @@ struct Envelope {
 /// One task: name, address, node, uid.
 type Entry = (String, String, Option<String>, String);
 
-/// Encodes the cluster, its types in `order` (the `--job` order), for the annotation.
+/// The hashed, deflated part.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Payload<T> {
+    tasks: Vec<(T, Vec<Entry>)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    lost: Vec<String>,
+}
+
+/// A published resolution, decoded.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Resolution {
+    pub cluster: Cluster,
+    pub generation: u64,
+    /// Tasks (`type/index`) without a live pod when it was published; their entries
+    /// in `cluster` are the pods that held them.
+    pub lost: Vec<String>,
+}
+
+impl Resolution {
+    /// Complete: every task has a live pod. Only a complete resolution is resolved from.
+    pub fn is_complete(&self) -> bool {
+        self.lost.is_empty()
+    }
+
+    /// The same cluster (what the annotation carries of each task) and lost tasks,
+    /// whatever the generation.
+    pub fn same_content(&self, other: &Resolution) -> bool {
+        let tasks = |c: &Cluster| -> Vec<(String, Vec<Entry>)> {
+            c.tasks
+                .iter()
+                .map(|(t, peers)| {
+                    let entries = peers
+                        .iter()
+                        .map(|p| {
+                            (
+                                p.name.clone(),
+                                p.address.clone(),
+                                p.node.clone(),
+                                p.uid.clone(),
+                            )
+                        })
+                        .collect();
+                    (t.clone(), entries)
+                })
+                .collect()
+        };
+        self.lost == other.lost && tasks(&self.cluster) == tasks(&other.cluster)
+    }
+}
+
+/// Encodes the cluster, its types in `order` (the `--job` order), and the tasks that
+/// have no live pod now, for the annotation.
 pub fn encode(
     cluster: &Cluster,
     order: &[&str],
     generation: u64,
+    lost: &[String],
 ) -> Result<String, PublishedError> {
-    let payload: Vec<(&str, Vec<Entry>)> = order
+    let tasks: Vec<(&str, Vec<Entry>)> = order
         .iter()
         .map(|t| {
             let peers = cluster.tasks.get(*t).map(Vec::as_slice).unwrap_or_default();
@@ -92,6 +188,10 @@ pub fn encode(
             (*t, entries)
         })
         .collect();
+    let payload = Payload {
+        tasks,
+        lost: lost.to_vec(),
+    };
     let json = serde_json::to_vec(&payload).expect("plain data");
     let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
     z.write_all(&json).expect("writing to memory");
@@ -114,10 +214,10 @@ pub fn encode(
     Ok(text)
 }
 
-/// Decodes an annotation into the cluster (peers in `namespace`) and its generation.
-/// Everything is checked and bounded: the value comes from a pod anyone with `patch
-/// pods` could have written.
-pub fn decode(text: &str, namespace: &str) -> Result<(Cluster, u64), PublishedError> {
+/// Decodes an annotation into the resolution (peers in `namespace`). Everything is
+/// checked and bounded: the value comes from a pod anyone with `patch pods` could have
+/// written.
+pub fn decode(text: &str, namespace: &str) -> Result<Resolution, PublishedError> {
     let bad = |why: String| PublishedError::Format(why);
     if text.len() > MAX_ENCODED {
         return Err(bad(format!(
@@ -143,10 +243,10 @@ pub fn decode(text: &str, namespace: &str) -> Result<(Cluster, u64), PublishedEr
     if sha256_hex(&json) != env.sha256 {
         return Err(PublishedError::Hash);
     }
-    let payload: Vec<(String, Vec<Entry>)> =
+    let payload: Payload<String> =
         serde_json::from_slice(&json).map_err(|e| bad(format!("payload: {e}")))?;
     let mut cluster = Cluster::default();
-    for (task_type, entries) in payload {
+    for (task_type, entries) in payload.tasks {
         let peers = entries
             .into_iter()
             .enumerate()
@@ -171,21 +271,44 @@ pub fn decode(text: &str, namespace: &str) -> Result<(Cluster, u64), PublishedEr
             env.peers
         )));
     }
-    Ok((cluster, env.generation))
+    for task in &payload.lost {
+        let known = task
+            .rsplit_once('/')
+            .and_then(|(t, i)| cluster.task(t, i.parse().ok()?));
+        if known.is_none() {
+            return Err(bad(format!("lost task {task:?} is not one of its tasks")));
+        }
+    }
+    Ok(Resolution {
+        cluster,
+        generation: env.generation,
+        lost: payload.lost,
+    })
 }
 
-/// Checks a decoded cluster against what this agent knows, and finds its own task:
-/// the job types are exactly its own, every type has its expected count where one is
-/// known, task 0 of the first type is the resolver pod itself, and this pod is in the
-/// cluster at the address the API server reports for it. `Err` says why not.
+/// Checks a decoded resolution against what this agent knows, and finds its own task:
+/// every task has a live pod, the job types are exactly its own, every type has its
+/// expected count where one is known, task 0 of the first type is the resolver pod
+/// itself, and this pod is in the cluster at the address the API server reports for
+/// it. `Err` says why not.
 pub fn own_task(
-    cluster: &Cluster,
+    resolution: &Resolution,
     types: &[&str],
     expected: &BTreeMap<String, usize>,
     resolver_uid: &str,
     own_uid: &str,
     own_address: Option<&str>,
 ) -> Result<Task, String> {
+    let cluster = &resolution.cluster;
+    if let Some(task) = resolution.lost.first() {
+        return Err(format!(
+            "it says task {task} has no live pod{}",
+            match resolution.lost.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            }
+        ));
+    }
     let have: Vec<&str> = cluster.tasks.keys().map(String::as_str).collect();
     let mut want: Vec<&str> = types.to_vec();
     want.sort_unstable();
@@ -278,31 +401,134 @@ mod tests {
         c
     }
 
+    fn resolution(c: &Cluster, generation: u64, lost: &[&str]) -> Resolution {
+        Resolution {
+            cluster: c.clone(),
+            generation,
+            lost: lost.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
     #[test]
     fn round_trips_exactly() {
         let c = cluster(2, 5);
-        let text = encode(&c, &["worker", "ps"], 7).unwrap();
-        assert_eq!(decode(&text, "ml").unwrap(), (c, 7));
+        let text = encode(&c, &["worker", "ps"], 7, &[]).unwrap();
+        assert_eq!(decode(&text, "ml").unwrap(), resolution(&c, 7, &[]));
+        let lost = ["worker/3".to_string(), "ps/1".to_string()];
+        let text = encode(&c, &["worker", "ps"], 8, &lost).unwrap();
+        let r = decode(&text, "ml").unwrap();
+        assert_eq!(r, resolution(&c, 8, &["worker/3", "ps/1"]));
+        assert!(!r.is_complete());
+        assert!(!r.same_content(&resolution(&c, 8, &[])));
+        assert!(r.same_content(&resolution(&c, 9, &["worker/3", "ps/1"])));
+    }
+
+    #[test]
+    fn a_lost_task_must_be_one_of_its_tasks() {
+        let text = encode(&cluster(1, 2), &["ps", "worker"], 1, &["worker/2".into()]).unwrap();
+        assert_eq!(
+            decode(&text, "ml").unwrap_err(),
+            PublishedError::Format("lost task \"worker/2\" is not one of its tasks".into())
+        );
     }
 
     #[test]
     fn four_thousand_pods_fit_and_more_are_refused_clearly() {
-        let text = encode(&cluster(1, 4095), &["ps", "worker"], 1).unwrap();
+        let text = encode(&cluster(1, 4095), &["ps", "worker"], 1, &[]).unwrap();
         assert!(text.len() < MAX_ENCODED, "{} bytes", text.len());
-        let e = encode(&cluster(1, 6000), &["ps", "worker"], 1).unwrap_err();
+        let e = encode(&cluster(1, 6000), &["ps", "worker"], 1, &[]).unwrap_err();
         assert!(
             matches!(e, PublishedError::TooLarge { peers: 6001, .. }),
             "{e}"
         );
     }
 
+    /// A cluster of `n` workers whose names, addresses and nodes have one of the shapes
+    /// below, with random-looking uids.
+    fn shaped(n: usize, shape: Shape) -> Cluster {
+        let mut c = Cluster::default();
+        let peers = (0..n)
+            .map(|i| {
+                let h = sha256_hex(&(i as u64 ^ 0x5eed).to_le_bytes());
+                let suffix = &h[..5];
+                let (name, address, node) = match shape {
+                    // An Indexed Job's pod: <job>-<index>-<5 random>, IPv4, GKE-like nodes.
+                    Shape::Realistic => (
+                        format!("mnist-train-worker-{i}-{suffix}"),
+                        format!("10.{}.{}.{}:2222", 64 + i / 65536, (i / 256) % 256, i % 256),
+                        format!("gke-train-a3-pool-{}-{}", &h[5..13], &h[13..17]),
+                    ),
+                    // The longest Job name a pod name allows (63), IPv6 pod IPs.
+                    Shape::LongIpv6 => (
+                        format!("{}-{i}-{suffix}", "w".repeat(63 - 6)),
+                        format!("[fd00:10:244:{:x}::{:x}]:2222", i / 256, i % 256 + 2),
+                        format!("node-{}-{}.compute.internal", &h[5..21], i % 64),
+                    ),
+                    // The worst case: pod and node names of 253 characters that share
+                    // nothing (random), IPv6 pod IPs.
+                    Shape::Random253 => (
+                        random(253, i as u64),
+                        format!("[fd00:10:244:{:x}::{:x}]:2222", i / 256, i % 256 + 2),
+                        random(253, (i as u64) << 32),
+                    ),
+                };
+                Peer {
+                    name,
+                    task_type: "worker".into(),
+                    index: i,
+                    address,
+                    node: Some(node),
+                    uid: uid(i),
+                    namespace: "ml".into(),
+                }
+            })
+            .collect();
+        c.tasks.insert("worker".into(), peers);
+        c
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Shape {
+        Realistic,
+        LongIpv6,
+        Random253,
+    }
+
+    /// `len` random-looking lower-case hex characters.
+    fn random(len: usize, seed: u64) -> String {
+        let mut out = String::new();
+        let mut n = seed;
+        while out.len() < len {
+            out.push_str(&sha256_hex(&n.to_le_bytes()));
+            n = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        }
+        out.truncate(len);
+        out
+    }
+
+    /// Whether `n` is the largest job of that shape whose resolution fits.
+    fn largest_is(shape: Shape, n: usize) -> bool {
+        let fits = |n| encode(&shaped(n, shape), &["worker"], 1, &[]).is_ok();
+        fits(n) && !fits(n + 1)
+    }
+
+    /// The figures of docs/large-jobs.md: the largest job that
+    /// coordinated mode can publish, by the shape of its names and addresses. Exact, so
+    /// that a change of the format shows here and in the README at once.
+    #[test]
+    fn the_largest_job_that_fits_by_name_shape() {
+        assert!(largest_is(Shape::Realistic, 3_624));
+        assert!(largest_is(Shape::LongIpv6, 3_276));
+        assert!(largest_is(Shape::Random253, 481));
+    }
+
     #[test]
     fn tampering_is_detected() {
         let c = cluster(1, 3);
-        let text = encode(&c, &["ps", "worker"], 1).unwrap();
+        let text = encode(&c, &["ps", "worker"], 1, &[]).unwrap();
         let mut env: serde_json::Value = serde_json::from_str(&text).unwrap();
         // Another payload under the same hash.
-        let other = encode(&cluster(1, 4), &["ps", "worker"], 1).unwrap();
+        let other = encode(&cluster(1, 4), &["ps", "worker"], 1, &[]).unwrap();
         let other: serde_json::Value = serde_json::from_str(&other).unwrap();
         env["deflate"] = other["deflate"].clone();
         assert_eq!(
@@ -312,14 +538,14 @@ mod tests {
         assert!(matches!(decode("{", "ml"), Err(PublishedError::Format(_))));
         assert!(matches!(
             decode(
-                r#"{"v":2,"generation":1,"peers":0,"sha256":"","deflate":""}"#,
+                r#"{"v":1,"generation":1,"peers":0,"sha256":"","deflate":""}"#,
                 "ml"
             ),
-            Err(PublishedError::Version(2))
+            Err(PublishedError::Version(1))
         ));
         assert!(matches!(
             decode(
-                r#"{"v":1,"generation":1,"peers":0,"sha256":"","deflate":"!!"}"#,
+                r#"{"v":2,"generation":1,"peers":0,"sha256":"","deflate":"!!"}"#,
                 "ml"
             ),
             Err(PublishedError::Format(_))
@@ -332,7 +558,7 @@ mod tests {
         let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
         z.write_all(&zeros).unwrap();
         let text = serde_json::to_string(&Envelope {
-            v: 1,
+            v: VERSION,
             generation: 1,
             peers: 0,
             sha256: sha256_hex(&zeros),
@@ -349,30 +575,31 @@ mod tests {
     #[test]
     fn a_reader_finds_itself_or_says_why_not() {
         let c = cluster(1, 3);
+        let r = resolution(&c, 1, &[]);
         let types = ["ps", "worker"];
         let none = BTreeMap::new();
         let me = &c.tasks["worker"][2];
         assert_eq!(
-            own_task(&c, &types, &none, &uid(0), &me.uid, Some(&me.address)),
+            own_task(&r, &types, &none, &uid(0), &me.uid, Some(&me.address)),
             Ok(Task {
                 task_type: "worker".into(),
                 index: 2
             })
         );
         assert_eq!(
-            own_task(&c, &types, &none, &uid(0), &me.uid, Some("10.9.9.9:8470")),
+            own_task(&r, &types, &none, &uid(0), &me.uid, Some("10.9.9.9:8470")),
             Err(format!(
                 "it places this pod at {}, but its address is 10.9.9.9:8470",
                 me.address
             ))
         );
         assert_eq!(
-            own_task(&c, &types, &none, &uid(0), "nobody", Some(&me.address)),
+            own_task(&r, &types, &none, &uid(0), "nobody", Some(&me.address)),
             Err("it does not contain this pod (uid nobody)".into())
         );
         assert_eq!(
             own_task(
-                &c,
+                &r,
                 &types,
                 &none,
                 "someone-else",
@@ -382,13 +609,19 @@ mod tests {
             Err("its first task is not the resolver pod that carries it".into())
         );
         assert_eq!(
-            own_task(&c, &["worker"], &none, &uid(0), &me.uid, Some(&me.address)),
+            own_task(&r, &["worker"], &none, &uid(0), &me.uid, Some(&me.address)),
             Err("its job types (ps, worker) are not this pod's (worker)".into())
         );
         let four = BTreeMap::from([("worker".to_string(), 4)]);
         assert_eq!(
-            own_task(&c, &types, &four, &uid(0), &me.uid, Some(&me.address)),
+            own_task(&r, &types, &four, &uid(0), &me.uid, Some(&me.address)),
             Err("it has 3 worker tasks, 4 are expected".into())
+        );
+        // A task without a live pod: nothing to resolve from yet.
+        let lost = resolution(&c, 2, &["worker/1", "worker/0"]);
+        assert_eq!(
+            own_task(&lost, &types, &none, &uid(0), &me.uid, Some(&me.address)),
+            Err("it says task worker/1 has no live pod (and 1 more)".into())
         );
     }
 }

@@ -13,11 +13,14 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 
 use crate::cli::args::ExecArgs;
+use crate::cli::values::PeerChange;
 use crate::cli::{explain, lower};
-use crate::frameworks::envfile;
-use crate::report::engine::{self, child::SpawnError};
-use crate::report::restart::OnPeerChange;
-use crate::tfconfig::{self, CLUSTER_FILE, ENV_FILE, TF_CONFIG_FILE, TfConfig};
+use crate::render::frameworks::{self, envfile};
+use crate::render::{self, CLUSTER_FILE, ENV_FILE, TF_CONFIG_FILE, TfConfig};
+use crate::report::engine;
+use crate::supervise::child::SpawnError;
+use crate::supervise::lifecycle::{self, Respawn, Resume};
+use crate::supervise::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::{Exit, Failure, bootstrap};
 use tracing::warn;
 
@@ -29,12 +32,24 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let cluster_file = (resolving || cluster_file.exists()).then_some(cluster_file.as_path());
     // Every flag is checked before the wait for peers: a typo in a report flag must not
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
-    let report = lower::exec_report_config(&args, cluster_file, resolving)?;
-    let report = (args.report || args.on_peer_change != OnPeerChange::Report).then_some(report);
+    let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
+    // The heartbeat file CMD may touch: in the observation volume, which both CMD's
+    // container and exec write, else in a directory of exec's own.
+    let heartbeat = report.progress.as_ref().and_then(|_| {
+        heartbeat_file(args.report_args.observations.as_deref())
+            .map_err(|e| warn!("no heartbeat file for the command: {e}"))
+            .ok()
+    });
+    if let Some(p) = report.progress.as_mut() {
+        p.heartbeat = heartbeat.clone();
+    }
+    let report =
+        (args.report || args.on_peer_change != PeerChange::Report || report.progress.is_some())
+            .then_some(report);
     // Resolving again after a peer change is the init workflow, with exec's own flags;
     // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
     let handing_over = args.report_args.observations.is_some();
-    let init_cfg = (resolving || (args.on_peer_change == OnPeerChange::Restart && !handing_over))
+    let init_cfg = (resolving || (args.on_peer_change == PeerChange::Restart && !handing_over))
         .then(|| lower::init_config(&args.init))
         .transpose()?;
     let (env, tf) = match &init_cfg {
@@ -45,32 +60,54 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         _ => read_outputs(&dir)?,
     };
     let program = args.command[0].clone();
-    let cmd = command(&args.command, env, &dir);
+    let ports = frameworks::listen_ports(&env, tf.own_port());
+    let with_heartbeat = move |mut cmd: std::process::Command| {
+        if let Some(h) = &heartbeat {
+            cmd.env(HEARTBEAT_ENV, h);
+        }
+        cmd
+    };
+    let cmd = with_heartbeat(command(&args.command, env, &dir));
     if let Some(cfg) = report {
         let argv = args.command.clone();
         let dir = dir.clone();
-        let respawn: engine::Respawn = Box::new(move || {
-            let init_cfg = init_cfg.clone();
+        let respawn: Respawn = Box::new(move |resume| {
+            let init_cfg = match resume {
+                Resume::PeerChange { after } => init_cfg.clone().map(|mut c| {
+                    c.min_generation = after;
+                    c
+                }),
+                // A stall changed no peer: the files are as they were.
+                Resume::Stall => None,
+            };
             let argv = argv.clone();
             let dir = dir.clone();
+            let with_heartbeat = with_heartbeat.clone();
             Box::pin(async move {
                 match init_cfg {
                     Some(init_cfg) if !handing_over => {
                         let out = bootstrap::run(&init_cfg, explain::init)
                             .await
                             .map_err(|e| Failure::new(e.code(), explain::init(&e)))?;
-                        Ok(command(&argv, out.env, &init_cfg.output_dir))
+                        Ok(with_heartbeat(command(
+                            &argv,
+                            out.env,
+                            &init_cfg.output_dir,
+                        )))
                     }
                     // The sidecar moved the files.
                     _ => {
                         let (env, _) = read_outputs(&dir)?;
-                        Ok(command(&argv, env, &dir))
+                        Ok(with_heartbeat(command(&argv, env, &dir)))
                     }
                 }
             })
         });
-        let ended =
-            super::runtime()?.block_on(engine::exec(cfg, cmd, &program, tf.own_port(), respawn))?;
+        let ended = super::runtime()?.block_on(async {
+            let (mut reporter, mut signals) =
+                engine::exec_reporter(cfg, cmd, &program, ports).await?;
+            lifecycle::run(&mut reporter, &mut signals, &program, respawn).await
+        })?;
         if let Some(why) = ended.reason(&program) {
             crate::termination::record(&why);
         }
@@ -85,12 +122,12 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
 /// The init container's files: trainlet.env holds what its --framework chose. A
 /// tf_config.json alone (written by hand, or by an older init) gives TF_CONFIG.
 fn read_outputs(dir: &Path) -> Result<(Vec<(String, String)>, TfConfig), Failure> {
-    let (_, tf) = tfconfig::read_tf_config(&dir.join(TF_CONFIG_FILE))?;
+    let (_, tf) = render::read_tf_config(&dir.join(TF_CONFIG_FILE))?;
     let env_file = dir.join(ENV_FILE);
     let env = if env_file.exists() {
-        tfconfig::read_env(&env_file)?
+        render::read_env(&env_file)?
     } else {
-        tfconfig::tf_env(&tf)
+        render::tf_env(&tf)
     };
     Ok((env, tf))
 }
@@ -107,4 +144,20 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]).envs(env);
     cmd
+}
+
+/// Creates the heartbeat file (empty, so that `touch` and writes alike work) and
+/// returns its path.
+fn heartbeat_file(observations: Option<&Path>) -> std::io::Result<std::path::PathBuf> {
+    let dir = match observations {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let d = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+    };
+    let path = dir.join(HEARTBEAT_FILE);
+    std::fs::File::create(&path)?;
+    Ok(path)
 }

@@ -3,7 +3,7 @@
 //! It exits 0 even without NVML: "no GPUs, and why" is an answer.
 
 use crate::cli::args::GpusArgs;
-use crate::report::gpu::GpuProbe;
+use crate::report::probe::gpu::GpuProbe;
 use crate::{Exit, Failure};
 
 pub fn run(args: GpusArgs) -> Result<Exit, Failure> {

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use crate::cli::args::MasterArgs;
 use crate::cli::lower;
 use crate::peers::{Scope, resolve_now};
-use crate::tfconfig::{self, CLUSTER_FILE, master_url};
+use crate::render::{self, CLUSTER_FILE, master_url};
 use crate::{Code, Exit, Failure, kube};
 
 pub fn run(args: MasterArgs) -> Result<Exit, Failure> {
     let (task, cluster_args) = lower::master_query(&args.cluster)?;
     let file = args.output_dir.join(CLUSTER_FILE);
     let cluster: BTreeMap<String, Vec<String>> = if file.exists() {
-        tfconfig::read_cluster_file(&file)?.cluster
+        render::read_cluster_file(&file)?.cluster
     } else {
         let cfg = lower::cluster_config(&cluster_args)?;
         let settings = lower::kube_settings(&args.kube)?;

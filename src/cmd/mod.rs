@@ -9,6 +9,7 @@ pub mod inject;
 pub mod master;
 pub mod resolve;
 pub mod sidecar;
+pub mod status;
 
 use crate::cli::Command;
 use crate::{Code, Exit, Failure};
@@ -23,6 +24,7 @@ pub fn run(command: Command) -> Result<Exit, Failure> {
         Command::Sidecar(a) => sidecar::run(a),
         Command::Gpus(a) => gpus::run(a),
         Command::Inject(a) => inject::run(a),
+        Command::Status(a) => status::run(a),
     }
 }
 

@@ -19,6 +19,7 @@
 //! unknown fields pass through. The pure transformation is in [`transform`], the YAML
 //! layer (and why it is not a serde round trip) in [`yaml`]; this module is the I/O.
 
+pub mod quantity;
 pub mod transform;
 pub mod yaml;
 
@@ -26,7 +27,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::Code;
-pub use transform::{InjectConfig, Note, TransformError, inject};
+pub use transform::{InjectConfig, Note, Resources, TransformError, inject};
 
 /// Why inject failed, before or after the transformation.
 #[derive(Debug, thiserror::Error)]

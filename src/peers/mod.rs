@@ -1,15 +1,21 @@
 //! The peer pods on the API server: where they are looked for ([`Scope`]), the distinct
-//! selectors that find them, one list for `resolve` ([`list`]), a watch until the
-//! cluster is complete for `init` ([`watch`]), and the expected counts read from the
-//! controllers that own them ([`owners`]).
+//! selectors that find them, one list for `resolve` ([`list`]), the wait until the
+//! cluster is complete for `init` ([`wait`]), a follower's wait for the resolver pod's
+//! published cluster ([`follow`]), the reporters' watch of where each task stands
+//! after the start ([`drift`]), one store that every watch keeps its pods in
+//! ([`store`]), and the expected counts read from the controllers that own them
+//! ([`owners`]).
 //!
 //! The pure decisions (which pods are peers, their order and addresses, what is still
 //! missing) are `cluster`'s; this module only brings the pods.
 
-pub mod coordinated;
+pub mod drift;
+pub mod follow;
 pub mod list;
 mod owners;
-pub mod watch;
+pub mod progress;
+pub mod store;
+pub mod wait;
 
 use futures::{Stream, StreamExt};
 use kube::{Api, Client};
@@ -19,7 +25,7 @@ use crate::cluster::{Namespaces, Resolver};
 use crate::kube::KubeError;
 
 pub use list::resolve_now;
-pub use watch::{Resolved, WaitError, wait_for_peers};
+pub use wait::{Resolved, WaitError, wait_for_peers};
 
 /// Where peers are looked for, once the own namespace is known.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
-use super::gpu::Expected;
+use super::probe::gpu::Expected;
+use crate::flags;
 
 /// The extended resource name of NVIDIA GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -43,7 +44,7 @@ pub fn expected_gpus(flag: Option<u32>, container: Option<&Container>) -> Option
     if let Some(n) = flag {
         return Some(Expected {
             count: n,
-            source: "--expect-gpus".into(),
+            source: flags::long(flags::EXPECT_GPUS),
         });
     }
     let q = container?
@@ -93,6 +94,13 @@ pub struct PodView {
 }
 
 impl PodView {
+    /// Whether the own pod is being deleted.
+    pub fn deleting(&self) -> bool {
+        self.pod
+            .as_ref()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    }
+
     /// The training container: the named one, else the first that is not trainlet's.
     pub fn container<'a>(&'a self, name: Option<&str>) -> Option<&'a Container> {
         training_container(self.pod.as_ref()?, name)

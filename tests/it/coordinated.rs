@@ -65,13 +65,15 @@ fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file)).unwrap()
 }
 
-/// cluster.json without the two fields that are each agent's own (when, how long).
-fn cluster_json(dir: &Path) -> Value {
+/// cluster.json without the fields that are each agent's own (when, how long, its part
+/// in coordinating after the start), and that part.
+fn cluster_json(dir: &Path) -> (Value, Value) {
     let mut v: Value = serde_json::from_str(&read(dir, "cluster.json")).unwrap();
     let o = v.as_object_mut().unwrap();
     assert!(o.remove("resolved_at").is_some());
     assert!(o.remove("waited_seconds").is_some());
-    v
+    let coordination = o.remove("coordination").unwrap_or(Value::Null);
+    (v, coordination)
 }
 
 #[tokio::test]
@@ -108,16 +110,30 @@ async fn both_modes_write_the_same_files_for_the_same_pods() {
     let want_cluster = format!(
         "{{\"ps\":[\"10.40.0.1:{port}\"],\"worker\":[\"10.40.0.2:{port}\",\"10.40.0.3:{port}\",\"10.40.0.4:{port}\"]}}"
     );
+    let mut generations = Vec::new();
     for (i, (name, t)) in pods.iter().enumerate() {
         let (never, always) = (dirs[0][i].path(), dirs[1][i].path());
         for f in ["tf_config.json", "trainlet.env"] {
             assert_eq!(read(never, f), read(always, f), "{name} {f}");
         }
+        let ((plain, none), (coordinated, coordination)) =
+            (cluster_json(never), cluster_json(always));
+        assert_eq!(plain, coordinated, "{name} cluster.json");
         assert_eq!(
-            cluster_json(never),
-            cluster_json(always),
-            "{name} cluster.json"
+            none,
+            Value::Null,
+            "{name}: a job of 4 does not coordinate by default"
         );
+        // After the start the reporters go on coordinating: the resolver watches every
+        // peer, the others watch the resolver pod.
+        let generation = coordination["generation"].as_u64().unwrap();
+        generations.push(generation);
+        let want = if name == "ps-0" {
+            json!({"role": "resolver", "types": ["ps", "worker"], "generation": generation})
+        } else {
+            json!({"role": "follower", "resolver": format!("role=ps,{INDEX}=0"), "types": ["ps", "worker"], "generation": generation})
+        };
+        assert_eq!(coordination, want, "{name}");
         let tf: Value = serde_json::from_str(&read(always, "tf_config.json")).unwrap();
         assert_eq!(tf["cluster"].to_string(), want_cluster);
         assert_eq!(tf["task"]["type"], t.as_str());
@@ -128,8 +144,10 @@ async fn both_modes_write_the_same_files_for_the_same_pods() {
         .await
         .unwrap();
     let text = ps0.metadata.annotations.unwrap()["trainlet.io/resolution"].clone();
-    let (cluster, _) = trainlet::cluster::published::decode(&text, &ns).unwrap();
-    assert_eq!(cluster.summary(), "ps:1,worker:3");
+    let resolution = trainlet::cluster::published::decode(&text, &ns).unwrap();
+    assert_eq!(resolution.cluster.summary(), "ps:1,worker:3");
+    // Every agent's files are at the generation the resolver published.
+    assert_eq!(generations, [resolution.generation; 4]);
 }
 
 #[tokio::test]
@@ -287,7 +305,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
             )],
         );
         c.tasks.insert("worker".into(), workers);
-        trainlet::cluster::published::encode(&c, &["ps", "worker"], 1).unwrap()
+        trainlet::cluster::published::encode(&c, &["ps", "worker"], 1, &[]).unwrap()
     };
     // Three workers, none of them this pod.
     let without_me = encode(
@@ -360,4 +378,177 @@ async fn a_forged_or_broken_annotation_is_never_used() {
         r.stderr
     );
     assert!(list_dir(out.path()).is_empty());
+}
+
+/// Runs every agent of [`job`]'s pods in coordinated mode at once; their directories.
+async fn resolve_all(ns: &str, pods: &[(String, String)], port: &str) -> Vec<tempfile::TempDir> {
+    let runs: Vec<_> = pods
+        .iter()
+        .map(|(name, _)| {
+            let d = tempfile::tempdir().unwrap();
+            let h = spawn(agent(ns, name, d.path(), port, "always", "60s"));
+            (d, h)
+        })
+        .collect();
+    let mut dirs = Vec::new();
+    for ((name, _), (d, h)) in pods.iter().zip(runs) {
+        let r = h.await.unwrap();
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        dirs.push(d);
+    }
+    dirs
+}
+
+/// A resolver pod that failed (its controller replaces it) still carries the cluster it
+/// resolved; a follower never takes it, and its timeout says why.
+#[tokio::test]
+async fn a_failed_resolver_is_not_followed() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-failed").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.43.0.{}", i + 1)).await;
+    }
+    let port = free_port().to_string();
+    resolve_all(&ns, &pods, &port).await;
+
+    kubelet.phase("ps-0", "Failed").await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut agent(
+        &ns,
+        "worker-1",
+        out.path(),
+        &port,
+        "always",
+        "3s",
+    ));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "peers not ready after 3s: waiting for the cluster from the resolver pod (task 0 of ps, role=ps,{INDEX}=0): pod \"ps-0\" is Failed and has no live replacement yet"
+        )
+    );
+    assert!(list_dir(out.path()).is_empty());
+    delete_namespace(&client, &ns).await;
+}
+
+/// A replacement that the live resolver's cluster leaves out, with nothing on the
+/// resolver pod to publish again (no reporter there): after `FALLBACK` (15 s) it
+/// resolves by watching every peer itself, and its files say they are newer than that
+/// cluster.
+#[tokio::test]
+async fn a_replacement_the_resolver_leaves_out_resolves_by_watching_every_peer() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-fallback").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.44.0.{}", i + 1)).await;
+    }
+    let port = free_port().to_string();
+    resolve_all(&ns, &pods, &port).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let text =
+        api.get("ps-0").await.unwrap().metadata.annotations.unwrap()["trainlet.io/resolution"]
+            .clone();
+    let published = trainlet::cluster::published::decode(&text, &ns).unwrap();
+
+    api.delete("worker-1", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pod("worker-1b")
+        .labels(&format!("role=worker,{INDEX}=1"))
+        .create(&client, &ns)
+        .await;
+    kubelet.run("worker-1b", "10.44.0.21").await;
+    let out = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let r = run(&mut agent(
+        &ns,
+        "worker-1b",
+        out.path(),
+        &port,
+        "always",
+        "60s",
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(15) && took < Duration::from_secs(40),
+        "{took:?}"
+    );
+    assert!(
+        r.stderr.contains(
+            "pod \"ps-0\" carries a cluster this pod cannot use: it does not contain this pod"
+        ) && r
+            .stderr
+            .contains("for 15s; resolving by watching every peer instead"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        read(out.path(), "tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"ps\":[\"10.44.0.1:{port}\"],\"worker\":[\"10.44.0.2:{port}\",\"10.44.0.21:{port}\",\"10.44.0.4:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":1}}}}\n"
+        )
+    );
+    let (_, coordination) = cluster_json(out.path());
+    assert_eq!(
+        coordination["generation"].as_u64(),
+        Some(published.generation + 1)
+    );
+    delete_namespace(&client, &ns).await;
+}
+
+/// The resolver's annotation must fit beside the pod's other annotations (256 KiB in
+/// all): when it cannot, the resolver says so in a Warning Event and exits 2 before it
+/// writes anything, instead of reporting success to followers that would wait for a
+/// cluster never published.
+#[tokio::test]
+async fn a_resolution_that_does_not_fit_the_pods_annotations_fails_the_resolver() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-toolarge").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.45.0.{}", i + 1)).await;
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // The user's own annotations take all but a few hundred bytes of the budget.
+    let big = "x".repeat(256 * 1024 - 400);
+    api.patch(
+        "ps-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/notes": big}}})),
+    )
+    .await
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let r = run(&mut agent(&ns, "ps-0", out.path(), &port, "always", "30s"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let line = r.error_line();
+    assert!(
+        line.starts_with("cannot publish the cluster for the other agents: the pod's annotations would take ")
+            && line.contains("more than the 262144 the API server allows")
+            && line.contains(&format!(
+                "example.com/notes the largest at {} bytes",
+                "example.com/notes".len() + big.len()
+            ))
+            && line.ends_with("use --coordinate never (every agent then watches every peer), or keep fewer annotations of your own on this pod"),
+        "{line}"
+    );
+    assert!(list_dir(out.path()).is_empty(), "nothing is written");
+    let events = events(&client, &ns).await;
+    let of_ps0: Vec<_> = events
+        .iter()
+        .filter(|(_, _, _, pod)| pod == "ps-0")
+        .map(|(ty, reason, note, _)| (ty.as_str(), reason.as_str(), note.as_str()))
+        .collect();
+    assert_eq!(of_ps0, [("Warning", "ClusterTooLarge", line)], "{events:?}");
+    let annotations = api.get("ps-0").await.unwrap().metadata.annotations.unwrap();
+    assert!(!annotations.contains_key("trainlet.io/resolution"));
+    delete_namespace(&client, &ns).await;
 }

@@ -3,8 +3,7 @@
 //! the real frameworks (PyTorch, JAX, TensorFlow, OpenMPI) forming clusters from what
 //! trainlet writes, each pod given its own loopback address.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -153,33 +152,7 @@ async fn jobset_pods_order_by_job_and_count_through_the_jobset() {
     }
 }
 
-/// The python of the CPU framework venv that `.ci/frameworks` builds and caches (PyTorch,
-/// JAX, TensorFlow), or `None` when it cannot be built outside CI (a failure in CI).
-fn python() -> Option<&'static Path> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let out = std::process::Command::new(repo().join(".ci/frameworks"))
-                .output()
-                .expect(".ci/frameworks runs");
-            let last = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .to_string();
-            if !out.status.success() || last.is_empty() {
-                skip_or_fail(&format!(
-                    ".ci/frameworks could not build the framework venv: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-                return None;
-            }
-            Some(PathBuf::from(last))
-        })
-        .as_deref()
-}
-
-fn fixture(name: &str) -> String {
+pub(crate) fn fixture(name: &str) -> String {
     repo()
         .join("tests/fixtures/frameworks")
         .join(name)
@@ -197,6 +170,9 @@ struct Training<'a> {
     flags: &'a [&'a str],
     /// The last pod turns Running only once every other pod's init wrote its files.
     late: bool,
+    /// The training container's nvidia.com/gpu limit (no GPU is used: the limit is
+    /// what trainlet reads).
+    gpus: u32,
 }
 
 struct Ran {
@@ -213,13 +189,17 @@ impl Training<'_> {
         for (t, n) in self.types {
             for i in 0..*n {
                 let name = format!("{t}-{i}");
-                pod(&name)
+                let spec = pod(&name)
                     .labels(&format!(
                         "role={t},batch.kubernetes.io/job-completion-index={i}"
                     ))
-                    .port("fw", i32::from(free_port()))
-                    .create(&client, &ns)
-                    .await;
+                    .port("fw", i32::from(free_port()));
+                let spec = if self.gpus > 0 {
+                    spec.gpus(self.gpus)
+                } else {
+                    spec
+                };
+                spec.create(&client, &ns).await;
                 pods.push(name);
             }
         }
@@ -315,12 +295,13 @@ fn expected_ranks(n: usize, rest: &str) -> Vec<String> {
 /// with the gloo backend; every process has its pod's rank and the same sum.
 #[tokio::test]
 async fn pytorch_forms_a_cluster_from_torch_env() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let job = Training {
         types: &[("worker", 3)],
         net: 11,
         flags: &["--framework", "pytorch"],
         late: false,
+        gpus: 0,
     };
     let runs = job
         .run(|_, _, _| vec![py.display().to_string(), fixture("torch_allreduce.py")])
@@ -340,13 +321,58 @@ async fn pytorch_forms_a_cluster_from_torch_env() {
 /// PET_NPROC_PER_NODE=2 and the master from torch.env; world size 6.
 #[tokio::test]
 async fn torchrun_needs_no_flags_two_processes_per_pod() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let job = Training {
         types: &[("worker", 3)],
         net: 12,
         flags: &["--framework", "pytorch", "--nproc-per-node", "2"],
         late: false,
+        gpus: 0,
+    };
+    let runs = job
+        .run(|_, _, _| vec![torchrun.clone(), fixture("torch_allreduce.py")])
+        .await;
+    for r in &runs {
+        assert_eq!(r.run.code, 0, "{}: {}", r.name, r.run.stderr);
+    }
+    assert_eq!(rank_lines(&runs), expected_ranks(6, "world=6 sum=15"));
+}
+
+/// A plain `python train.py` on pods with 2 GPUs each and no flags: one process per
+/// pod, so WORLD_SIZE is the pods (Kubeflow's rule for a non-numeric nprocPerNode), and
+/// `init_process_group` forms a world of 3, not 6.
+#[tokio::test]
+async fn plain_python_on_two_gpu_pods_needs_no_flags() {
+    let Some(py) = framework_python() else { return };
+    let job = Training {
+        types: &[("worker", 3)],
+        net: 18,
+        flags: &["--framework", "pytorch"],
+        late: false,
+        gpus: 2,
+    };
+    let runs = job
+        .run(|_, _, _| vec![py.display().to_string(), fixture("torch_allreduce.py")])
+        .await;
+    for (k, r) in runs.iter().enumerate() {
+        assert_eq!(r.run.code, 0, "{}: {}", r.name, r.run.stderr);
+        assert_eq!(line(r, "rank="), format!("rank={k} world=3 sum=3"));
+    }
+}
+
+/// A bare `torchrun train.py` on the same pods: torchrun reads PET_NPROC_PER_NODE=2
+/// (`auto` resolved from the GPU limit) and starts two processes per pod: world 6.
+#[tokio::test]
+async fn torchrun_on_two_gpu_pods_starts_one_process_per_gpu() {
+    let Some(py) = framework_python() else { return };
+    let torchrun = py.with_file_name("torchrun").display().to_string();
+    let job = Training {
+        types: &[("worker", 3)],
+        net: 19,
+        flags: &["--framework", "pytorch"],
+        late: false,
+        gpus: 2,
     };
     let runs = job
         .run(|_, _, _| vec![torchrun.clone(), fixture("torch_allreduce.py")])
@@ -361,12 +387,13 @@ async fn torchrun_needs_no_flags_two_processes_per_pod() {
 /// is given the count and id; every process's index is its pod's rank.
 #[tokio::test]
 async fn jax_forms_a_cluster_from_jax_env() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let job = Training {
         types: &[("worker", 3)],
         net: 13,
         flags: &["--framework", "jax"],
         late: false,
+        gpus: 0,
     };
     let runs = job
         .run(|_, _, _| vec![py.display().to_string(), fixture("jax_distributed.py")])
@@ -385,12 +412,13 @@ async fn jax_forms_a_cluster_from_jax_env() {
 /// TensorFlow: a real MultiWorkerMirroredStrategy all-reduce across three workers.
 #[tokio::test]
 async fn tensorflow_multi_worker_all_reduces_from_tf_config() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let job = Training {
         types: &[("worker", 3)],
         net: 14,
         flags: &[],
         late: false,
+        gpus: 0,
     };
     let runs = job
         .run(|_, _, _| vec![py.display().to_string(), fixture("tf_mwms.py")])
@@ -405,12 +433,13 @@ async fn tensorflow_multi_worker_all_reduces_from_tf_config() {
 /// task, and the strategy of the chief and the worker starts without it.
 #[tokio::test]
 async fn tensorflow_evaluator_is_left_out_and_the_strategy_starts() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let job = Training {
         types: &[("chief", 1), ("worker", 1), ("evaluator", 1)],
         net: 15,
         flags: &[],
         late: false,
+        gpus: 0,
     };
     let runs = job
         .run(|_, _, _| vec![py.display().to_string(), fixture("tf_mwms.py")])
@@ -431,7 +460,7 @@ async fn tensorflow_evaluator_is_left_out_and_the_strategy_starts() {
 /// hostfile is byte for byte mpi-operator's OpenMPI format.
 #[tokio::test]
 async fn openmpi_runs_across_the_hostfile() {
-    let Some(_) = python() else { return };
+    let Some(_) = framework_python() else { return };
     let build = tempfile::tempdir().unwrap();
     let hello = build.path().join("mpi_hello");
     let cc = std::process::Command::new("mpicc")
@@ -451,6 +480,7 @@ async fn openmpi_runs_across_the_hostfile() {
         net: 16,
         flags: &["--framework", "mpi", "--slots", "2"],
         late: false,
+        gpus: 0,
     };
     let runs = job
         .run(|_, k, dir| {
@@ -495,13 +525,14 @@ async fn openmpi_runs_across_the_hostfile() {
 /// timeout, 30 s, for more than MIN nodes).
 #[tokio::test]
 async fn elastic_init_completes_with_min_and_the_late_pod_joins_the_rendezvous() {
-    let Some(py) = python() else { return };
+    let Some(py) = framework_python() else { return };
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let job = Training {
         types: &[("worker", 3)],
         net: 17,
         flags: &["--framework", "pytorch", "--nnodes", "2:3"],
         late: true,
+        gpus: 0,
     };
     let runs = job
         .run(|_, _, _| vec![torchrun.clone(), fixture("torch_allreduce.py")])
@@ -531,9 +562,10 @@ async fn elastic_init_completes_with_min_and_the_late_pod_joins_the_rendezvous()
 /// all-reduce again.
 #[tokio::test]
 async fn pytorch_all_reduces_again_after_its_master_is_replaced() {
-    use crate::report_support::{Reporter, rbac_namespace, wait_warning};
+    use crate::report_support::{Reporter, wait_warning};
     use crate::support::jobs::*;
-    let Some(py) = python() else { return };
+    use crate::support::rbac_namespace;
+    let Some(py) = framework_python() else { return };
     let client = admin().await;
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(&client, "reform", dir.path()).await;

@@ -6,8 +6,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngSeed, TestRunner};
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 
@@ -728,4 +731,49 @@ async fn exec_runs_init_first_when_no_tf_config_exists() {
     );
     assert_eq!(r.stdout, format!("{want}\n"));
     assert_eq!(read(out.path(), "tf_config.json"), format!("{want}\n"));
+}
+
+/// Every selector trainlet accepts, the API server accepts too: a sample of generated
+/// selectors in every form, each sent as a real list's labelSelector.
+#[tokio::test]
+async fn every_selector_trainlet_accepts_kubernetes_accepts() {
+    let client = admin().await;
+    let ns = namespace(&client, "selectors").await;
+    let api: Api<Pod> = Api::namespaced(client, &ns);
+    let name = "([a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?)?";
+    let key = "([a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?(\\.[a-z0-9]{1,5}){0,2}/)?[a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?";
+    let req = prop_oneof![
+        (key, name).prop_map(|(k, v)| format!("{k}={v}")),
+        (key, name).prop_map(|(k, v)| format!("{k} == {v}")),
+        (key, name).prop_map(|(k, v)| format!("{k}!={v}")),
+        key.prop_map(|k| k.to_string()),
+        key.prop_map(|k| format!("!{k}")),
+        (key, proptest::collection::vec(name, 1..4))
+            .prop_map(|(k, vs)| format!("{k} in ({})", vs.join(","))),
+        (key, proptest::collection::vec(name, 1..4))
+            .prop_map(|(k, vs)| format!("{k} notin ( {} )", vs.join(" , "))),
+    ];
+    let selectors = proptest::collection::vec(req, 1..4).prop_map(|r| r.join(","));
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(14),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let mut sample = Vec::new();
+    for _ in 0..64 {
+        let s = selectors.new_tree(&mut runner).unwrap().current();
+        if trainlet::cluster::selector::parse(&s).is_ok() {
+            sample.push(s);
+        }
+    }
+    assert!(sample.len() >= 48, "only {} accepted", sample.len());
+    for s in &sample {
+        let parsed = trainlet::cluster::selector::parse(s).unwrap().to_string();
+        for sel in [s.as_str(), parsed.as_str()] {
+            if let Err(e) = api.list(&ListParams::default().labels(sel)).await {
+                panic!("trainlet accepts {sel:?} but the API server refuses it: {e}");
+            }
+        }
+    }
 }

@@ -3,8 +3,11 @@
 //! leave correct files or none.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
 use serde_json::Value;
 
 use crate::support::*;
@@ -227,5 +230,264 @@ async fn agents_survive_an_api_server_restart() {
         .unwrap();
         assert_eq!(tf["cluster"]["worker"], serde_json::json!(want_cluster));
         assert_eq!(tf["task"]["index"], i);
+    }
+}
+
+/// Found by adversarial testing: `--namespace 'BAD NS!'` waited out the whole timeout and exited 3 with
+/// nothing after the colon; `resolve` blamed the connection. It is a usage error.
+#[test]
+fn an_invalid_namespace_is_a_usage_error_at_once() {
+    let out = tempfile::tempdir().unwrap();
+    let kc = kubeconfig();
+    let want = "invalid --namespace \"BAD NS!\": a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit";
+    let start = Instant::now();
+    let r = run(&mut init_cmd(
+        kc,
+        "default",
+        "p",
+        out.path(),
+        &[
+            "--job",
+            "worker=app=x",
+            "--namespace",
+            "BAD NS!",
+            "--timeout",
+            "60s",
+        ],
+    ));
+    let took = start.elapsed();
+    assert_eq!((r.code, r.error_line()), (2, want), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    eprintln!("init --namespace 'BAD NS!' failed after {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(list_dir(out.path()).is_empty());
+
+    let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([
+        "--job",
+        "worker=app=x",
+        "--namespace",
+        "BAD NS!",
+    ]));
+    assert_eq!((r.code, r.error_line()), (2, want));
+    let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([
+        "--job",
+        "worker=app=x",
+        "--pod-namespace",
+        "Bad",
+    ]));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.error_line()
+            .starts_with("invalid --pod-namespace \"Bad\""),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Found by adversarial testing: `resolve` with a selector that matches nothing, or in a namespace that
+/// does not exist, exited 0 with `{"cluster":{"worker":[]}}`; `in ()` was accepted.
+#[tokio::test]
+async fn resolve_fails_on_nothing() {
+    let client = admin().await;
+    let ns = namespace(&client, "nothing").await;
+    let resolve = |ns: &str, job: &str| {
+        run(trainlet()
+            .arg("resolve")
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["--pod-namespace", ns, "--job", job]))
+    };
+    let r = resolve(&ns, "worker=app=nobody");
+    assert_eq!(
+        (r.code, r.error_line()),
+        (
+            3,
+            format!(
+                "no live pod matches job type worker (app=nobody) in namespace {ns:?} (does it exist?)"
+            )
+            .as_str()
+        ),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout, "");
+    let r = resolve("no-such-namespace-4d1c", "worker=app=x");
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.error_line()
+            .ends_with("in namespace \"no-such-namespace-4d1c\" (does it exist?)"),
+        "{}",
+        r.stderr
+    );
+    let r = resolve(&ns, "worker=app in ()");
+    assert_eq!(
+        (r.code, r.error_line()),
+        (
+            2,
+            "invalid --job \"worker=app in ()\": \"app in ()\": the value set of in must not be empty"
+        )
+    );
+    // The API server itself reads `in ()` as `in ("")` (apimachinery's parseValues):
+    // it refuses nothing, and selects only pods whose label is empty.
+    let api: Api<Pod> = Api::namespaced(admin().await, &ns);
+    assert!(
+        api.list(&ListParams::default().labels("app in ()"))
+            .await
+            .is_ok()
+    );
+}
+
+/// Found by adversarial testing: a killed `init` left `.cluster.json.XXXXXX` and `bin/.trainlet.XXXXXX`
+/// behind, and a later successful run kept them. Now the next run removes exactly
+/// trainlet's own temporary files.
+#[tokio::test]
+async fn a_rerun_removes_what_a_killed_run_left_behind() {
+    let client = admin().await;
+    let ns = namespace(&client, "leftovers").await;
+    pod("w-0").labels("role=w").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("w-0", "10.30.0.1").await;
+    let out = tempfile::tempdir().unwrap();
+    let bin = out.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for (dir, f) in [
+        (out.path(), ".cluster.json.Ab3dE9"),
+        (out.path(), ".tf_config.json.q1W2e3"),
+        (bin.as_path(), ".trainlet.Zz9Yy8"),
+        (out.path(), "model.ckpt"),
+        (out.path(), ".model.ckpt.Ab3dE9"),
+    ] {
+        std::fs::write(dir.join(f), "left").unwrap();
+    }
+    let port = free_port().to_string();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        "w-0",
+        out.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=1",
+            "--port",
+            &port,
+            "--install-to",
+            bin.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The user's files stay (even one shaped like a temporary file), trainlet's leftovers
+    // are gone, and its own files are all there.
+    let mut want: Vec<&str> = [".model.ckpt.Ab3dE9", "bin", "model.ckpt"]
+        .into_iter()
+        .chain(WORKER_JOB_FILES)
+        .collect();
+    want.sort();
+    assert_eq!(list_dir(out.path()), want);
+    assert_eq!(list_dir(&bin), ["trainlet"]);
+}
+
+/// Found by adversarial testing: with the API server down for 5 s, waiting agents slept up to ~10 s in
+/// kube-runtime's default backoff after it came back; the last wrote its file 11.6 s
+/// after the last pod turned Running. They now resume within about a second.
+#[tokio::test]
+async fn agents_resume_quickly_after_a_5s_api_server_outage() {
+    let cp = PrivateControlPlane::start("outage");
+    let client = client_from(&cp.kubeconfig).await;
+    let ns = namespace(&client, "outage").await;
+    let port = free_port().to_string();
+    let (names, dirs, agents) = waiting_agents(&cp.kubeconfig, &client, &ns, 4, &port).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cp.restart_apiserver(Duration::from_secs(5));
+    let client = client_from(&cp.kubeconfig).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let mut last_running = std::time::SystemTime::now();
+    for (i, n) in names.iter().enumerate() {
+        last_running = std::time::SystemTime::now();
+        kubelet.run(n, &format!("10.22.0.{i}")).await;
+    }
+    let mut worst = Duration::ZERO;
+    for (i, (agent, dir)) in agents.into_iter().zip(&dirs).enumerate() {
+        let r = agent.await.unwrap();
+        assert_eq!(r.code, 0, "agent {i}: {}", r.stderr);
+        let written = std::fs::metadata(dir.path().join("tf_config.json"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        worst = worst.max(written.duration_since(last_running).unwrap_or_default());
+    }
+    eprintln!(
+        "after a 5 s outage, the last agent wrote its file {worst:?} after the last pod turned Running"
+    );
+    assert!(worst < Duration::from_secs(3), "{worst:?}");
+}
+
+/// Found by adversarial testing: an unreachable API server printed two lines, kube's own ERROR log and then
+/// trainlet's error. One line is the contract.
+#[test]
+fn an_unreachable_server_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let port = free_port();
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}}}]\nusers: [{{name: u, user: {{token: x}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u, namespace: ns}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let r = run(trainlet()
+        .arg("resolve")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["--job", "worker=app=x"]));
+    assert_eq!(r.code, 4);
+    assert_eq!(
+        r.stderr,
+        "trainlet: error: cannot reach the Kubernetes API server while trying to list pods: Connection refused (os error 111)\n"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        &kc,
+        "ns",
+        "p",
+        out.path(),
+        &["--job", "worker=app=x"],
+    ));
+    assert_eq!(r.code, 4);
+    assert_eq!(
+        r.stderr,
+        "trainlet: error: cannot reach the Kubernetes API server while trying to get pods: Connection refused (os error 111)\n"
+    );
+}
+
+/// Job types whose Volcano-style names are the same (`a-b` and `a_b` both write
+/// `a_b.host` and `VC_A_B_HOSTS`) are refused before anything is asked of the API
+/// server: one would overwrite the other's hosts without a word.
+#[test]
+fn job_types_that_share_volcano_names_are_a_usage_error() {
+    let out = tempfile::tempdir().unwrap();
+    for (jobs, want) in [
+        (
+            ["a-b=app=x", "a_b=app=y"],
+            "invalid --job: job types \"a-b\" and \"a_b\" both become a_b.host and VC_A_B_HOSTS; rename one of them",
+        ),
+        (
+            ["a_b=app=x", "A_B=app=y"],
+            "invalid --job: job types \"a_b\" and \"A_B\" both become VC_A_B_HOSTS; rename one of them",
+        ),
+    ] {
+        let r = run(trainlet()
+            .args([
+                "init",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--output-dir",
+            ])
+            .arg(out.path())
+            .args(["--job", jobs[0], "--job", jobs[1]]));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert_eq!(r.error_line(), want);
+        assert!(list_dir(out.path()).is_empty());
     }
 }

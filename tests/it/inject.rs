@@ -281,3 +281,74 @@ fn without_custom_resources(yaml: &str) -> String {
         .collect::<Vec<_>>()
         .join("---\n")
 }
+
+/// The QoS class the API server gives a Pod, from a server-side dry run.
+fn qos_class(ns: &str, pod: &str) -> String {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args([
+            "create",
+            "--dry-run=server",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(pod.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    created["status"]["qosClass"].as_str().unwrap().to_string()
+}
+
+/// A GPU pod whose training container is Guaranteed stays Guaranteed once trainlet's
+/// init container, sidecar and /dev/shm are added, as the real API server computes the
+/// class (the kubelet's static CPU manager and topology manager need it); a pod that
+/// was Burstable stays Burstable.
+#[tokio::test]
+async fn an_injected_guaranteed_pod_stays_guaranteed() {
+    let client = admin().await;
+    let ns = namespace(&client, "qos").await;
+    apply_rbac(&ns);
+    let pod = |limits: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: w-0\n  labels: {{app: mnist}}\nspec:\n  containers:\n    - name: train\n      image: registry.example.com/train:1\n      command: [python, train.py]\n      resources:\n        {limits}\n"
+        )
+    };
+    let guaranteed = pod("limits: {cpu: '8', memory: 64Gi, nvidia.com/gpu: '8'}");
+    let burstable = pod("requests: {cpu: '1', memory: 1Gi}");
+    assert_eq!(qos_class(&ns, &guaranteed), "Guaranteed");
+    let args = [
+        "--job",
+        "worker=app=mnist",
+        "--wrap",
+        "train",
+        "--on-peer-change",
+        "restart",
+        "--shm-size",
+        "8Gi",
+    ];
+    let injected = inject_stdin(&args, &guaranteed);
+    assert_eq!(injected.code, 0, "{}", injected.stderr);
+    assert_eq!(qos_class(&ns, &injected.stdout), "Guaranteed");
+    let injected = inject_stdin(&args, &burstable);
+    assert_eq!(injected.code, 0, "{}", injected.stderr);
+    assert_eq!(qos_class(&ns, &injected.stdout), "Burstable");
+}

@@ -94,7 +94,7 @@ fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Me
 
 /// SIGKILLs the children of a process (CMD under trainlet exec).
 fn kill_children(pid: u32) {
-    use trainlet::report::oom::procs;
+    use trainlet::report::probe::oom::procs;
     let children: Vec<u32> = procs::all_processes(Path::new("/proc"), procs::page_size())
         .into_iter()
         .filter(|p| p.ppid == pid)
@@ -414,7 +414,16 @@ struct HandoverPod {
     _dir: tempfile::TempDir,
 }
 
-fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -> HandoverPod {
+/// The directories of one pod of the shipped layout: init's volume, the observation
+/// handover and the training container's home.
+struct HandoverDirs {
+    dir: tempfile::TempDir,
+    files: PathBuf,
+    observed: PathBuf,
+    home: PathBuf,
+}
+
+fn handover_dirs() -> HandoverDirs {
     let dir = tempfile::tempdir().unwrap();
     let (files, observed, home) = (
         dir.path().join("trainlet"),
@@ -424,15 +433,64 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -
     for d in [&files, &observed, &home] {
         std::fs::create_dir(d).unwrap();
     }
+    HandoverDirs {
+        dir,
+        files,
+        observed,
+        home,
+    }
+}
+
+/// The pod's `trainlet init`, into `dirs.files`.
+fn handover_init(
+    kc: &Path,
+    ns: &str,
+    pod: &str,
+    dirs: &HandoverDirs,
+    port: u16,
+    extra: &[&str],
+) -> std::process::Command {
     let port = port.to_string();
-    let r = run(&mut init_cmd(
-        kc,
-        ns,
-        pod,
-        &files,
-        &["--job", "worker=app=w", "--port", &port],
-    ));
+    let mut args = vec!["--job", "worker=app=w", "--port", &port];
+    args.extend_from_slice(extra);
+    init_cmd(kc, ns, pod, &dirs.files, &args)
+}
+
+fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -> HandoverPod {
+    let dirs = handover_dirs();
+    let r = run(&mut handover_init(kc, ns, pod, &dirs, port, &[]));
     assert_eq!(r.code, 0, "{pod}: {}", r.stderr);
+    start_handover_containers(kc, ns, pod, dirs, policy)
+}
+
+/// The sidecar and the training container's exec, once init has written the files.
+fn start_handover_containers(
+    kc: &Path,
+    ns: &str,
+    pod: &str,
+    dirs: HandoverDirs,
+    policy: &str,
+) -> HandoverPod {
+    start_handover_with(kc, ns, pod, dirs, &["--on-peer-change", policy], &CMD)
+}
+
+/// [`start_handover_containers`] with exec's lifecycle flags and CMD given. CMD's
+/// environment has `$STARTS` and `$HANG` (a file beside it, which no one makes unless a
+/// test does).
+fn start_handover_with(
+    kc: &Path,
+    ns: &str,
+    pod: &str,
+    dirs: HandoverDirs,
+    flags: &[&str],
+    cmd: &[&str],
+) -> HandoverPod {
+    let HandoverDirs {
+        dir,
+        files,
+        observed,
+        home,
+    } = dirs;
     let cluster_file = files.join("cluster.json");
     let sidecar = Reporter::start(sidecar_cmd(
         kc,
@@ -461,18 +519,13 @@ fn start_handover_pod(kc: &Path, ns: &str, pod: &str, port: u16, policy: &str) -
             "--interval",
             "200ms",
         ])
-        .args([
-            "--on-peer-change",
-            policy,
-            "--restart-backoff",
-            "1s",
-            "--restart-grace",
-            "5s",
-        ])
+        .args(flags)
+        .args(["--restart-backoff", "1s", "--restart-grace", "5s"])
         .arg("--")
-        .args(CMD)
+        .args(cmd)
         .env("HOME", &home)
         .env("STARTS", &starts)
+        .env("HANG", dir.path().join("hang"))
         .env(
             "TRAINLET_TERMINATION_LOG",
             dir.path().join("termination-log"),
@@ -611,5 +664,377 @@ async fn with_exit_exec_stops_cmd_and_exits_7_on_the_sidecars_word() {
         "the cluster changed (stale: worker/1 10.9.2.11 → none); exiting so that the pod is replaced"
     );
     assert_eq!(members[0].starts.wait(1).await.len(), 1);
+    delete_namespace(&client, &ns).await;
+}
+
+/// Coordinated, in the shipped layout: only the resolver pod's sidecar watches every
+/// peer; the others watch the resolver pod. A deleted pod's replacement finds itself in
+/// the cluster the resolver's sidecar publishes again, within seconds (well before a
+/// follower would give up on it and watch every peer), and every other pod's exec
+/// restarts CMD exactly once, with the replacement's address.
+#[tokio::test]
+async fn coordinated_the_resolvers_sidecar_publishes_the_replacement_and_every_peer_restarts_once()
+{
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "coord-restart", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let port = free_port();
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.4.{}", 10 + i)).await;
+    let coordinate = ["--coordinate", "always"];
+    let inits: Vec<_> = names
+        .iter()
+        .map(|p| {
+            let dirs = handover_dirs();
+            let h = spawn(handover_init(&kc, &ns, p, &dirs, port, &coordinate));
+            (dirs, h)
+        })
+        .collect();
+    let mut pods = Vec::new();
+    for (name, (dirs, h)) in names.iter().zip(inits) {
+        let r = h.await.unwrap();
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        pods.push(start_handover_containers(&kc, &ns, name, dirs, "restart"));
+    }
+    for p in &pods {
+        assert!(p.starts.wait(1).await[0].1.contains("\"10.9.4.11:"));
+    }
+    for (i, name) in names.iter().enumerate() {
+        wait_annotation(&client, &ns, name, "trainlet.io/cluster", "current").await;
+        let log = pods[i].sidecar.stderr();
+        let follows = log.contains("watching the resolver pod, which watches the peers");
+        assert_eq!(follows, i != 0, "{name}: {log}");
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let resolution = |p: Pod| {
+        let text = p.metadata.annotations.unwrap()["trainlet.io/resolution"].clone();
+        trainlet::cluster::published::decode(&text, &ns).unwrap()
+    };
+    let first_published = resolution(api.get(&names[0]).await.unwrap());
+
+    let first = names[1].clone();
+    api.delete(&first, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pods[1].exec.terminate();
+    pods[1].sidecar.terminate();
+    let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
+    kubelet.run(&replacement, "10.9.4.21").await;
+    // Well under the 15 s after which it would watch every peer itself.
+    let dirs = handover_dirs();
+    let start = std::time::Instant::now();
+    let r = run(&mut handover_init(
+        &kc,
+        &ns,
+        &replacement,
+        &dirs,
+        port,
+        &["--coordinate", "always", "--timeout", "12s"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(start.elapsed() < Duration::from_secs(12));
+    assert!(
+        !r.stderr.contains("watching every peer instead"),
+        "{}",
+        r.stderr
+    );
+    pods[1] = start_handover_containers(&kc, &ns, &replacement, dirs, "restart");
+
+    for i in [0, 2] {
+        let starts = pods[i].starts.wait(2).await;
+        assert!(starts[1].1.contains("\"10.9.4.21:"), "{}", starts[1].1);
+        assert!(!starts[1].1.contains("10.9.4.11"), "{}", starts[1].1);
+    }
+    for name in &names {
+        if *name != first {
+            wait_annotation(&client, &ns, name, "trainlet.io/cluster", "current").await;
+        }
+    }
+    // The resolver published the replacement, and nothing older than before.
+    let now = resolution(api.get(&names[0]).await.unwrap());
+    assert!(now.generation > first_published.generation);
+    assert!(now.is_complete());
+    let w1 = now.cluster.task("worker", 1).unwrap();
+    assert_eq!(
+        (w1.name.as_str(), w1.address.clone()),
+        (replacement.as_str(), format!("10.9.4.21:{port}"))
+    );
+    // One restart each, no more; the replacement started once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in [0, 2] {
+        assert_eq!(pods[i].starts.read().len(), 2, "{}", names[i]);
+        let text = pods[i].sidecar.metrics().await;
+        assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
+        assert_eq!(metric(&text, "trainlet_cluster_stale"), Some(0.0));
+        let w = warnings_of(&client, &ns, &names[i]).await;
+        let count = |r: &str| w.iter().filter(|(wr, _)| wr == r).count();
+        assert_eq!(count("Restarting"), 1, "{}: {w:?}", names[i]);
+    }
+    assert_eq!(pods[1].starts.read().len(), 1);
+    delete_namespace(&client, &ns).await;
+}
+
+/// Coordinated, with exec holding credentials (no sidecar): the resolver pod's exec
+/// publishes again; a follower's exec resolves again only from a resolution newer than
+/// the one that showed the change, so it restarts CMD once, with the new address, not
+/// with the deleted pod's.
+#[tokio::test]
+async fn coordinated_exec_restarts_once_with_the_new_address() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "coord-exec", dir.path()).await;
+    let flags = [
+        "--coordinate",
+        "always",
+        "--on-peer-change",
+        "restart",
+        "--max-restarts",
+        "2",
+        "--restart-backoff",
+        "1s",
+        "--restart-grace",
+        "5s",
+    ];
+    let (kubelet, port, mut members) = job_of_three(&client, &kc, &ns, &flags).await;
+    let (p0, p2) = (members[0].pod.clone(), members[2].pod.clone());
+    wait_annotation(&client, &ns, &p2, "trainlet.io/cluster", "current").await;
+
+    let first = members[1].pod.clone();
+    delete_pod(&client, &ns, &mut members[1]).await;
+    let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
+    kubelet.run(&replacement, "10.9.0.21").await;
+    members[1] = start_member(&kc, &ns, &replacement, port, &flags);
+    for i in [0, 2] {
+        let starts = members[i].starts.wait(2).await;
+        assert!(starts[1].1.contains("\"10.9.0.21:"), "{}", starts[1].1);
+    }
+    assert_eq!(members[1].starts.wait(1).await.len(), 1);
+    for pod in [&p0, &p2] {
+        wait_annotation(&client, &ns, pod, "trainlet.io/cluster", "current").await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in [0, 2] {
+        let starts = members[i].starts.read();
+        assert_eq!(starts.len(), 2, "{}: {starts:?}", members[i].pod);
+        let text = members[i].exec.metrics().await;
+        assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+/// The kubelet stops the container while exec waits out the restart backoff: exec
+/// ends with 143 and says so, not how the CMD it had stopped ended.
+#[tokio::test]
+async fn a_stop_during_the_restart_backoff_says_so() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "backoff-stop", dir.path()).await;
+    let flags = [
+        "--on-peer-change",
+        "restart",
+        "--restart-backoff",
+        "60s",
+        "--restart-grace",
+        "5s",
+    ];
+    let (_kubelet, _port, mut members) = job_of_three(&client, &kc, &ns, &flags).await;
+    wait_annotation(
+        &client,
+        &ns,
+        &members[0].pod,
+        "trainlet.io/cluster",
+        "current",
+    )
+    .await;
+    delete_pod(&client, &ns, &mut members[1]).await;
+    let note = wait_warning(&client, &ns, "Restarting").await;
+    assert!(
+        note.ends_with("in 1m: the cluster changed (stale: worker/1 10.9.0.11 → none)"),
+        "{note}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in [0, 2] {
+        let (code, _) = members[i].exec.terminate();
+        assert_eq!(code, 143, "{}", members[i].exec.stderr());
+        assert_eq!(
+            std::fs::read_to_string(&members[i].termination).unwrap(),
+            "stopped by SIGTERM while waiting to restart sh after a peer change (stale: worker/1 10.9.0.11 → none)"
+        );
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+/// A CMD that prints a line every 200 ms, until the file `$HANG` appears: then it
+/// removes it and hangs silently (its next start runs normally).
+const TICKING: [&str; 3] = [
+    "sh",
+    "-c",
+    r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
+while :; do
+  if [ -e "$HANG" ]; then rm "$HANG"; exec sleep 600; fi
+  echo tick; sleep 0.2
+done"#,
+];
+
+/// The stall watch in the shipped layout (exec without credentials): pod 1's CMD goes
+/// silent; its exec hands the stall to its sidecar, which publishes it
+/// (`trainlet.io/progress`, the `Stalled` Event); the other pods' sidecars see it on
+/// the peer pod and tell their exec through peers.json; every pod's CMD restarts
+/// exactly once.
+#[tokio::test]
+async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "handover-stall", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let port = free_port();
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.6.{}", 10 + i)).await;
+    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
+    let pods: Vec<HandoverPod> = names
+        .iter()
+        .map(|p| {
+            let dirs = handover_dirs();
+            let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
+            assert_eq!(r.code, 0, "{p}: {}", r.stderr);
+            start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING)
+        })
+        .collect();
+    for p in &pods {
+        p.starts.wait(1).await;
+    }
+    // Published, not stalled, by every sidecar.
+    for name in &names {
+        eventually(
+            &format!("{name}'s progress"),
+            Duration::from_secs(30),
+            || async {
+                let a = annotations(&client, &ns, name).await;
+                let p: serde_json::Value =
+                    serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+                (p["stalled"] == false && p["stalls"] == 0 && p["at"].is_string()).then_some(())
+            },
+        )
+        .await;
+    }
+    std::fs::write(pods[1].starts.path.with_file_name("hang"), "").unwrap();
+    for p in &pods {
+        p.starts.wait(2).await;
+    }
+    // Once: no second restart for the same stall.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (p, name) in pods.iter().zip(&names) {
+        assert_eq!(p.starts.read().len(), 2, "{name}");
+        let text = p.sidecar.metrics().await;
+        assert_eq!(
+            metric(&text, "trainlet_restarts_total"),
+            Some(1.0),
+            "{name}"
+        );
+        let stalls = if name == &names[1] { 1.0 } else { 0.0 };
+        assert_eq!(
+            metric(&text, "trainlet_stalls_total"),
+            Some(stalls),
+            "{name}"
+        );
+        assert_eq!(
+            metric(&text, r#"trainlet_stalled{container="main"}"#),
+            Some(0.0),
+            "{name}"
+        );
+    }
+    eventually(
+        "pod 1 not stalled again",
+        Duration::from_secs(30),
+        || async {
+            let a = annotations(&client, &ns, &names[1]).await;
+            let p: serde_json::Value = serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+            (p["stalled"] == false && p["stalls"] == 1).then_some(())
+        },
+    )
+    .await;
+    let stalled = warnings_of(&client, &ns, &names[1]).await;
+    let notes: Vec<&str> = stalled
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(notes.len(), 1, "{stalled:?}");
+    assert!(
+        notes[0].starts_with("no progress for 2s; last output \"tick\"; CMD used "),
+        "{}",
+        notes[0]
+    );
+    let restarting = |w: &[(String, String)]| -> Vec<String> {
+        w.iter()
+            .filter(|(r, _)| r == "Restarting")
+            .map(|(_, n)| n.clone())
+            .collect()
+    };
+    assert_eq!(
+        restarting(&stalled),
+        ["restarting sh (1 of 3) in 1s: main made no progress for 2s"]
+    );
+    for name in [&names[0], &names[2]] {
+        let w = warnings_of(&client, &ns, name).await;
+        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
+        let notes = restarting(&w);
+        assert_eq!(notes.len(), 1, "{name}: {w:?}");
+        let want = format!(
+            "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+            names[1]
+        );
+        assert!(notes[0].starts_with(&want), "{name}: {}", notes[0]);
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+/// `--on-stall exit` in the shipped layout: exec stops the silent CMD and exits 8,
+/// with the stall in the termination message; the sidecar publishes the stall.
+#[tokio::test]
+async fn without_credentials_on_stall_exit_exits_8_and_the_sidecar_publishes_the_stall() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "handover-stall-exit", dir.path()).await;
+    indexed_job(&client, &ns, "w", 1, "app=w", serde_json::json!({})).await;
+    let port = free_port();
+    let names = run_job_pods(&client, &ns, "w", 1, |_| "10.9.7.10".to_string()).await;
+    let dirs = handover_dirs();
+    let r = run(&mut handover_init(&kc, &ns, &names[0], &dirs, port, &[]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let cmd = [
+        "sh",
+        "-c",
+        r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; echo loading; exec sleep 600"#,
+    ];
+    let mut pod = start_handover_with(
+        &kc,
+        &ns,
+        &names[0],
+        dirs,
+        &["--stall-after", "2s", "--on-stall", "exit"],
+        &cmd,
+    );
+    let (code, _) = pod.exec.wait(Duration::from_secs(30));
+    assert_eq!(code, 8, "{}", pod.exec.stderr());
+    let termination = pod.starts.path.with_file_name("termination-log");
+    assert_eq!(
+        std::fs::read_to_string(termination).unwrap(),
+        "main made no progress for 2s; exiting so that the pod is replaced"
+    );
+    assert_eq!(pod.starts.read().len(), 1);
+    let note = wait_warning(&client, &ns, "Stalled").await;
+    assert!(
+        note.starts_with("no progress for 2s; last output \"loading\"; CMD used "),
+        "{note}"
+    );
+    eventually("the stall published", Duration::from_secs(30), || async {
+        let a = annotations(&client, &ns, &names[0]).await;
+        let p: serde_json::Value = serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+        (p["stalled"] == true && p["stalls"] == 1 && p["since"].is_string()).then_some(())
+    })
+    .await;
+    let text = pod.sidecar.metrics().await;
+    assert_eq!(metric(&text, "trainlet_stalls_total"), Some(1.0));
     delete_namespace(&client, &ns).await;
 }

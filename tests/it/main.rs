@@ -3,10 +3,15 @@
 //! and every test in one process, so the `OnceLock`s in the support code (the control
 //! plane's kubeconfig, the C fixtures built with `cc`) are set up once per run.
 //!
-//! - `support` (tests/it/support/mod.rs): what every area uses: the real kube-apiserver
-//!   and etcd started by `tests/control-plane/up`, fresh namespaces, pods from short
-//!   specs, the kubelet player, RBAC with minted ServiceAccount tokens, the built
-//!   `trainlet` binary as a subprocess.
+//! - `support` (tests/it/support/): what every area uses, one concern a file:
+//!   `cluster` (the real kube-apiserver, etcd and controllers started by
+//!   `tests/control-plane/up`, fresh namespaces, kubectl, RBAC, CRDs, a private control
+//!   plane), `identity` (minted ServiceAccount tokens, kubeconfigs), `pods` (pods from
+//!   short specs, the kubelet player), `init_container` (a pod's trainlet-init run as the
+//!   kubelet would), `binary` (the built `trainlet` as a subprocess: init, sidecar and
+//!   exec command lines), `node` (the real node of `tests/node/up` on its own control
+//!   plane, Pod Security `restricted` namespaces, kubectl that fails on warnings, the
+//!   test trainer's lines).
 //! - `report_support` (tests/it/report_support.rs): what the `report_*` areas add on
 //!   top of `support`: the fake NVML and memory hog built from tests/fixtures/, a
 //!   running reporter with its admin endpoint, annotations, Warning Events, memory
@@ -32,19 +37,28 @@ mod support;
 
 mod report_support;
 
+mod architecture;
 mod control_plane;
 mod coordinated;
 mod frameworks;
+mod glibc;
 mod guard;
-mod hardening;
 mod init;
 mod init_faults;
 mod inject;
 mod lifecycle;
+mod monitoring;
+mod node_examples;
+mod node_pods;
+mod node_quickstart;
 mod packaging;
 mod peer_watch;
+mod readme;
 mod report_gpu;
 mod report_handover;
 mod report_lifecycle;
+mod report_limits;
 mod report_oom;
 mod report_ports;
+mod stall;
+mod status;

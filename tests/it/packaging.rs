@@ -1,6 +1,7 @@
 //! The packaging works as shipped, against the real API server:
-//! - every file under manifests/ and every `inject` output of the examples' originals
-//!   passes server-side validation and Pod Security `restricted`, without a warning;
+//! - every file under manifests/ (the examples and the quickstart's jobs among them) and
+//!   every `inject` output of the examples' originals passes server-side validation and
+//!   Pod Security `restricted`, without a warning;
 //! - `kubectl kustomize manifests/` renders the RBAC and `kubectl apply -k` installs it;
 //! - the RBAC is least privilege (`kubectl auth can-i --list`, Secrets, other namespaces);
 //! - the ps/worker example really resolves: the test plays the Job controller and the
@@ -66,41 +67,47 @@ fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures/inject").join(name)
 }
 
-/// The inject command line of each example, from its un-injected original.
+/// Inject command lines and the fixtures they inject: two examples' originals, and the
+/// StatefulSet with `--address dns` that no example ships.
 fn example_injections() -> Vec<(&'static str, Vec<&'static str>)> {
     vec![
         (
-            "tf-ps-worker",
+            "tf-ps-worker.orig.yaml",
             vec![
                 "--job",
-                "ps=batch.kubernetes.io/job-name=mnist-ps",
+                "worker=batch.kubernetes.io/job-name=mnist-ps-worker,batch.kubernetes.io/job-completion-index in (0,1,2)",
                 "--job",
-                "worker=batch.kubernetes.io/job-name=mnist-worker",
+                "ps=batch.kubernetes.io/job-name=mnist-ps-worker,batch.kubernetes.io/job-completion-index in (3,4)",
+                "--expect",
+                "ps=2,worker=3",
                 "--wrap",
                 "tensorflow",
             ],
         ),
+        ("statefulset-dns.yaml", statefulset_dns_injection()),
         (
-            "tf-statefulset",
+            "classic-sidecar-job.orig.yaml",
             vec![
                 "--job",
-                "worker=app.kubernetes.io/name=mnist",
-                "--address",
-                "dns",
-                "--wrap",
-                "tensorflow",
-            ],
-        ),
-        (
-            "classic-sidecar-job",
-            vec![
-                "--job",
-                "worker=batch.kubernetes.io/job-name=mnist",
+                "worker=batch.kubernetes.io/job-name=mnist-classic",
                 "--classic-sidecar",
                 "--wrap",
                 "tensorflow",
             ],
         ),
+    ]
+}
+
+/// `--address dns` for tests/fixtures/inject/statefulset-dns.yaml: its pods are
+/// `mnist-<i>` behind the headless Service `mnist`.
+fn statefulset_dns_injection() -> Vec<&'static str> {
+    vec![
+        "--job",
+        "worker=app.kubernetes.io/name=mnist",
+        "--address",
+        "dns",
+        "--wrap",
+        "tensorflow",
     ]
 }
 
@@ -162,7 +169,10 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
         r.stderr
     );
 
-    let mut files: Vec<PathBuf> = vec![manifests().join("rbac.yaml")];
+    let mut files: Vec<PathBuf> = vec![
+        manifests().join("rbac.yaml"),
+        manifests().join("status/role.yaml"),
+    ];
     let mut examples: Vec<PathBuf> = std::fs::read_dir(manifests().join("examples"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -180,13 +190,27 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
             "jobset-pytorch.yaml",
             "mpi-hostfile.yaml",
             "pytorch-torchrun.yaml",
-            "tf-ps-worker.yaml",
-            "tf-statefulset.yaml"
+            "tf-multiworker.yaml",
+            "tf-ps-worker.yaml"
         ]
+    );
+    // The README's quickstart.
+    let mut quickstart: Vec<PathBuf> = std::fs::read_dir(manifests().join("quickstart"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    quickstart.sort();
+    assert_eq!(
+        quickstart
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["pytorch.yaml", "tensorflow.yaml"]
     );
     // The JobSet example is validated against the real JobSet schema.
     jobset_crd();
     files.extend(examples);
+    files.extend(quickstart);
     for f in &files {
         dry_run_clean(
             &ns,
@@ -212,7 +236,7 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
     );
 
     for (name, args) in example_injections() {
-        let orig = fixture(&format!("{name}.orig.yaml"));
+        let orig = fixture(name);
         let r = run(trainlet().arg("inject").arg("-f").arg(&orig).args(&args));
         assert_eq!(r.code, 0, "inject {name}: {}", r.stderr);
         dry_run_clean(
@@ -375,169 +399,6 @@ async fn the_service_account_has_exactly_the_role_rules_and_nothing_else() {
     assert_eq!(status.code, 403, "{}", status.message);
 }
 
-/// The command of one pod's `trainlet-init` container, as the kubelet would run it.
-///
-/// Substituted, and only this:
-/// - the program: `/usr/local/bin/trainlet` (the image's path) is the binary under test;
-/// - paths under the volume's mount path (`/etc/trainlet`, in args such as
-///   `--install-to=/etc/trainlet/bin`) point into a temp dir that plays the emptyDir,
-///   and TRAINLET_OUTPUT_DIR is that dir, because --output-dir defaults to the mount
-///   path, which does not exist on the test machine;
-/// - the downward API env gets the pod's real name, namespace and uid;
-/// - TRAINLET_KUBECONFIG is a kubeconfig with a token of the ServiceAccount the pod
-///   runs as, in place of the in-cluster service account files.
-fn init_command(pod: &Pod, volume_dir: &Path, kubeconfig: &Path) -> Command {
-    let spec = pod.spec.as_ref().unwrap();
-    let c: &Container = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .find(|c| c.name == "trainlet-init")
-        .expect("a trainlet-init container");
-    let mount = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.name == "trainlet")
-        .expect("the trainlet volume is mounted")
-        .mount_path
-        .clone();
-    let map = |s: &str| s.replace(&mount, volume_dir.to_str().unwrap());
-    let argv: Vec<String> = c
-        .command
-        .iter()
-        .flatten()
-        .chain(c.args.iter().flatten())
-        .cloned()
-        .collect();
-    assert_eq!(argv[0], "/usr/local/bin/trainlet", "{argv:?}");
-    let mut cmd = trainlet();
-    cmd.args(argv[1..].iter().map(|a| map(a)));
-    for e in c.env.iter().flatten() {
-        let value = match (&e.value, &e.value_from) {
-            (Some(v), None) => v.clone(),
-            (None, Some(from)) => {
-                let path = &from.field_ref.as_ref().expect("fieldRef").field_path;
-                match path.as_str() {
-                    "metadata.name" => pod.name_any(),
-                    "metadata.namespace" => pod.namespace().unwrap(),
-                    "metadata.uid" => pod.uid().unwrap(),
-                    // The Job controller adds JOB_COMPLETION_INDEX from the label.
-                    other => match other
-                        .strip_prefix("metadata.labels['")
-                        .and_then(|k| k.strip_suffix("']"))
-                    {
-                        Some(key) => pod.labels()[key].clone(),
-                        None => panic!("unexpected downward API field {other}"),
-                    },
-                }
-            }
-            _ => panic!("unexpected env {e:?}"),
-        };
-        cmd.env(&e.name, value);
-    }
-    cmd.env("TRAINLET_OUTPUT_DIR", volume_dir);
-    cmd.env("TRAINLET_KUBECONFIG", kubeconfig);
-    cmd
-}
-
-/// Plays the scheduler and kubelet up to the moment `trainlet-init` runs: bound,
-/// Pending with a pod IP, the init container running and the rest waiting. Every pod of
-/// a job sits there at the same time in a cluster, waiting for the others.
-async fn pending_in_init(kubelet: &Kubelet, pod: &Pod, ip: &str) {
-    let name = pod.name_any();
-    kubelet.bind(&name, "node-a").await;
-    let now = now();
-    let spec = pod.spec.as_ref().unwrap();
-    let image = |c: &Container| c.image.clone().unwrap_or_default();
-    let init_statuses: Vec<Value> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| {
-            let state = if c.name == "trainlet-init" {
-                json!({"running": {"startedAt": now}})
-            } else {
-                json!({"waiting": {"reason": "PodInitializing"}})
-            };
-            json!({"name": c.name, "image": image(c), "imageID": "", "ready": false,
-                   "restartCount": 0, "started": c.name == "trainlet-init", "state": state})
-        })
-        .collect();
-    let statuses: Vec<Value> = spec
-        .containers
-        .iter()
-        .map(|c| {
-            json!({"name": c.name, "image": image(c), "imageID": "", "ready": false,
-                   "restartCount": 0, "started": false,
-                   "state": {"waiting": {"reason": "PodInitializing"}}})
-        })
-        .collect();
-    kubelet
-        .status(
-            &name,
-            json!({
-                "phase": "Pending",
-                "podIP": ip, "podIPs": [{"ip": ip}],
-                "hostIP": "192.168.0.10", "hostIPs": [{"ip": "192.168.0.10"}],
-                "startTime": now,
-                "conditions": [
-                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                    {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now}
-                ],
-                "initContainerStatuses": init_statuses,
-                "containerStatuses": statuses
-            }),
-        )
-        .await;
-}
-
-/// Runs the `trainlet-init` container of every pod at once, each in its own volume dir,
-/// as the ServiceAccount `trainlet`, and returns (pod name, run, volume dir). A run that
-/// exits 6 is retried, as the kubelet restarts a failed init container: all these
-/// processes share this machine's network namespace, where another test may hold port
-/// 8470 for a moment.
-async fn run_init_containers(
-    client: &kube::Client,
-    ns: &str,
-    pods: &[Pod],
-    dir: &Path,
-) -> Vec<(String, Run, PathBuf)> {
-    let kc = sa_kubeconfig(client, ns, "trainlet", dir).await;
-    let mut handles = Vec::new();
-    for pod in pods {
-        assert_eq!(
-            pod.spec.as_ref().unwrap().service_account_name.as_deref(),
-            Some("trainlet")
-        );
-        let volume = dir.join(pod.name_any());
-        std::fs::create_dir(&volume).unwrap();
-        let mut cmd = init_command(pod, &volume, &kc);
-        let h = tokio::task::spawn_blocking(move || {
-            let mut last = None;
-            for _ in 0..10 {
-                let r = run(&mut cmd);
-                if r.code != 6 {
-                    return r;
-                }
-                std::thread::sleep(Duration::from_secs(1));
-                last = Some(r);
-            }
-            last.unwrap()
-        });
-        handles.push((pod.name_any(), h, volume));
-    }
-    let mut out = Vec::new();
-    for (name, h, volume) in handles {
-        let r = tokio::time::timeout(Duration::from_secs(120), h)
-            .await
-            .unwrap_or_else(|_| panic!("trainlet-init of {name} did not finish in 120s"))
-            .unwrap();
-        out.push((name, r, volume));
-    }
-    out
-}
-
 /// Checks one pod's results: exit 0, the exact TF_CONFIG, trainlet.env, the installed
 /// binary, and the task annotation on the pod.
 async fn check_outputs(
@@ -593,17 +454,19 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let kubelet = Kubelet::new(&client, &ns);
 
-    // Pod IPs deliberately out of index order, so order by index is what is checked.
-    let plan: [(&str, usize, &str); 5] = [
-        ("mnist-ps", 0, "10.8.0.12"),
-        ("mnist-ps", 1, "10.8.0.11"),
-        ("mnist-worker", 0, "10.8.0.23"),
-        ("mnist-worker", 1, "10.8.0.21"),
-        ("mnist-worker", 2, "10.8.0.22"),
+    // One Job: indexes 0-2 are the workers, 3-4 the parameter servers. Pod IPs
+    // deliberately out of index order, so order by index is what is checked.
+    let plan: [(u32, &str, (&str, usize)); 5] = [
+        (0, "10.8.0.23", ("worker", 0)),
+        (1, "10.8.0.21", ("worker", 1)),
+        (2, "10.8.0.22", ("worker", 2)),
+        (3, "10.8.0.12", ("ps", 0)),
+        (4, "10.8.0.11", ("ps", 1)),
     ];
     let mut created = Vec::new();
-    for (job, index, ip) in plan {
-        let name = crate::support::jobs::wait_job_pod(&client, &ns, job, index as u32, &[]).await;
+    for (index, ip, _) in plan {
+        let name =
+            crate::support::jobs::wait_job_pod(&client, &ns, "mnist-ps-worker", index, &[]).await;
         let pod = pods.get(&name).await.unwrap();
         pending_in_init(&kubelet, &pod, ip).await;
         created.push(pod);
@@ -612,19 +475,27 @@ async fn the_ps_worker_example_really_resolves_tf_config() {
     let dir = tempfile::tempdir().unwrap();
     let results = run_init_containers(&client, &ns, &created, dir.path()).await;
     let cluster = r#"{"ps":["10.8.0.12:8470","10.8.0.11:8470"],"worker":["10.8.0.23:8470","10.8.0.21:8470","10.8.0.22:8470"]}"#;
-    for ((name, r, volume), (job, index, _)) in results.iter().zip(plan) {
-        let task_type = job.strip_prefix("mnist-").unwrap();
-        check_outputs(&pods, name, r, volume, cluster, (task_type, index)).await;
+    for ((name, r, volume), (_, _, task)) in results.iter().zip(plan) {
+        check_outputs(&pods, name, r, volume, cluster, task).await;
     }
 }
 
+/// A StatefulSet with a headless Service, injected with `--address dns` (no example
+/// ships one: a StatefulSet restarts a finished trainer forever, but long-running
+/// servers use one).
 #[tokio::test]
-async fn the_statefulset_example_really_resolves_dns_addresses() {
+async fn an_injected_statefulset_really_resolves_dns_addresses() {
     let client = admin().await;
     let ns = restricted_namespace("example-sts").await;
     apply_rbac(&ns);
-    let example = manifests().join("examples/tf-statefulset.yaml");
-    kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
+    let r = run(trainlet()
+        .arg("inject")
+        .arg("-f")
+        .arg(fixture("statefulset-dns.yaml"))
+        .args(statefulset_dns_injection()));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let injected = kubectl_full(&["apply", "-n", &ns, "-f", "-"], Some(&r.stdout));
+    assert!(injected.ok, "{}", injected.stderr);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let kubelet = Kubelet::new(&client, &ns);
     // The real StatefulSet controller makes the pods (Parallel); the test runs them in
@@ -870,9 +741,9 @@ async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init(
     let kubelet = Kubelet::new(&client, &ns);
 
     // Index 1: the training command dies of SIGKILL; trainlet exec passes 137 on.
-    let first = wait_job_pod(&client, &ns, "mnist", 1, &[]).await;
+    let first = wait_job_pod(&client, &ns, "mnist-failure-policy", 1, &[]).await;
     let files = tempfile::tempdir().unwrap();
-    crate::report_support::write_tf_config(files.path(), free_port());
+    write_tf_config(files.path(), free_port());
     let r = run(trainlet()
         .args(["exec", "--report", "--output-dir"])
         .arg(files.path())
@@ -880,10 +751,17 @@ async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init(
     assert_eq!(r.code, 137, "{}", r.stderr);
     let pod = pods.get(&first).await.unwrap();
     failed_with(&kubelet, &pod, "tensorflow", r.code, "OOMKilled").await;
-    let second = wait_job_pod(&client, &ns, "mnist", 1, std::slice::from_ref(&first)).await;
+    let second = wait_job_pod(
+        &client,
+        &ns,
+        "mnist-failure-policy",
+        1,
+        std::slice::from_ref(&first),
+    )
+    .await;
     assert_ne!(second, first);
     let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
-        .get("mnist")
+        .get("mnist-failure-policy")
         .await
         .unwrap();
     let status = job.status.unwrap();
@@ -900,7 +778,7 @@ async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init(
 
     // Index 0: trainlet-init, from the pod's own command line, with a flag that cannot
     // work: exit 2, and the Job fails at once.
-    let name = wait_job_pod(&client, &ns, "mnist", 0, &[]).await;
+    let name = wait_job_pod(&client, &ns, "mnist-failure-policy", 0, &[]).await;
     let pod = pods.get(&name).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kc = sa_kubeconfig(&client, &ns, "trainlet", dir.path()).await;
@@ -910,7 +788,7 @@ async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init(
     assert_eq!(r.code, 2, "{}", r.stderr);
     failed_with(&kubelet, &pod, "trainlet-init", r.code, "Error").await;
     assert_eq!(
-        wait_job_condition(&client, &ns, "mnist", "Failed").await,
+        wait_job_condition(&client, &ns, "mnist-failure-policy", "Failed").await,
         "PodFailurePolicy"
     );
     delete_namespace(&client, &ns).await;

@@ -528,3 +528,114 @@ async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
         ["trainlet-sidecar"]
     );
 }
+
+/// A hostile training container writes a new, valid observation every 100 ms for 20 s:
+/// a new epoch each time (so every kill is new again), 20 kills, 200 XIDs of GPUs with
+/// fresh UUIDs, and a restart count that only grows. What that may cost the sidecar
+/// and the API server is bounded: at most 64 XID series (the rest in `other`), patches
+/// hurried 5 times and then once per 10 s, Events within their budget, a log that
+/// says a drop once, and no restart counted that the sidecar never asked for.
+#[tokio::test]
+async fn a_hostile_training_container_costs_a_bounded_sidecar() {
+    let (client, l, ns, kc) = running("hostile", pod("train-0").gpus(2)).await;
+    // The default patch interval (the tests' other sidecars use 1 s).
+    let mut sidecar =
+        Reporter::start(l.sidecar(&kc, &ns, "train-0", &["--min-patch-interval", "10s"]));
+    let dir = l.observed();
+    let write = |v: u64| {
+        let xids: Vec<serde_json::Value> = (0..200)
+            .map(|i| {
+                serde_json::json!({"error": {"gpu": i % 8, "uuid": format!("GPU-{v:08x}-{i:04x}"), "xid": 79}, "count": 1})
+            })
+            .collect();
+        let kills: Vec<serde_json::Value> = (1..=20)
+            .map(|seq| serde_json::json!({"seq": seq, "time": "2026-11-23T10:00:00Z", "process": {"pid": seq, "comm": "memhog"}}))
+            .collect();
+        let o = serde_json::json!({
+            "version": 1,
+            "epoch": format!("{v}-1763800000000"),
+            "interval_ms": 1000,
+            "gpu": {"devices": [], "seen": 0},
+            "xids": xids,
+            "kills": kills,
+            "restart": {"restarts": v as u32 + 1, "note": format!("restarting sh ({v})"), "waiting": false},
+        });
+        let tmp = dir.join(".exec.json.tmp");
+        std::fs::write(&tmp, o.to_string()).unwrap();
+        std::fs::rename(&tmp, dir.join("exec.json")).unwrap();
+    };
+    write(0);
+    wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "degraded").await;
+    let before = metric(
+        &sidecar.metrics().await,
+        "trainlet_annotation_patches_total",
+    )
+    .unwrap();
+    let start = Instant::now();
+    let mut v = 1;
+    while start.elapsed() < Duration::from_secs(20) {
+        write(v);
+        v += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(sidecar.alive(), "{}", sidecar.stderr());
+    let text = sidecar.metrics().await;
+    let xid_series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("trainlet_gpu_xid_errors_total{"))
+        .collect();
+    assert_eq!(xid_series.len(), 65, "{xid_series:?}");
+    // Every XID of every version the sidecar read is counted: the first 64 pairs on
+    // their own, the rest together. (Under load it may skip versions written between
+    // two reads; it counts what it read.)
+    let read = metric(&text, "trainlet_observations_total").unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            "trainlet_gpu_xid_errors_total{gpu=\"other\",uuid=\"other\",xid=\"other\"}"
+        ),
+        Some(200.0 * read - 64.0),
+        "{read} versions read of {v}"
+    );
+    let patches = metric(&text, "trainlet_annotation_patches_total").unwrap() - before;
+    // Hurried 5 times, then once per 10 s (twice in 20 s), plus the patch interval's.
+    assert!(
+        patches <= 10.0,
+        "{patches} patches in 20 s: {}",
+        sidecar
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("annotated"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let warnings = warnings(&client, &ns).await.len();
+    assert!(warnings <= 10 + 4 + 2, "{warnings} Events");
+    assert!(metric(&text, "trainlet_events_dropped_total{reason=\"OOMKill\"}") > Some(100.0));
+    assert_eq!(metric(&text, "trainlet_restarts_total"), Some(0.0));
+    assert!(
+        metric(
+            &text,
+            "trainlet_observations_rejected_total{reason=\"restart-unexplained\"}"
+        ) >= Some(1.0)
+    );
+    assert_eq!(count_warnings(&client, &ns, "Restarting").await, 0);
+    let log = sidecar.stderr();
+    assert!(log.len() < 64 * 1024, "{} bytes of log", log.len());
+    // A drop is said once per reason in the minute (OOMKill, GPUXidError, and the
+    // GPUCountMismatch of the first observations, if its Event is dropped too).
+    let mut said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("too many Events; dropping this one"))
+        .filter_map(|l| l.split("reason=").nth(1)?.split_whitespace().next())
+        .collect();
+    let n = said.len();
+    said.sort_unstable();
+    said.dedup();
+    assert_eq!(said.len(), n, "{said:?}");
+    assert!(
+        said.contains(&"\"OOMKill\"") && said.contains(&"\"GPUXidError\""),
+        "{said:?}"
+    );
+}

@@ -108,6 +108,108 @@ async fn exec_report_outside_a_pod_runs_the_command_anyway() {
     );
 }
 
+/// The kubelet stops the container: exec forwards SIGTERM to CMD, and once CMD has
+/// ended, nothing of its tree outlives exec, not even a grandchild that ignores SIGTERM
+/// (it gets SIGTERM, then SIGKILL after --restart-grace).
+#[tokio::test]
+async fn a_stopped_exec_leaves_no_process_of_cmd_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tf_config(dir.path(), free_port());
+    let pidfile = dir.path().join("stubborn.pid");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 1; done' & wait",
+        pidfile.display()
+    );
+    let mut cmd = trainlet();
+    cmd.args(["exec", "--report", "--restart-grace", "1s", "--output-dir"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", &script])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig");
+    let mut r = Reporter::start(cmd);
+    let pid: i32 = eventually("the grandchild's pid", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    })
+    .await;
+    let (code, took) = r.terminate();
+    // sh ends on SIGTERM at once; the stubborn grandchild gets SIGKILL after 1 s.
+    assert_eq!(code, 143, "{}", r.stderr());
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    assert!(!alive, "pid {pid} outlived exec: {}", r.stderr());
+    assert!(
+        r.stderr()
+            .contains("the command did not stop within --restart-grace 1s; sending SIGKILL"),
+        "{}",
+        r.stderr()
+    );
+}
+
+/// A sidecar killed while it moved the cluster files left a temporary file; the next
+/// sidecar removes it at its start, as init does.
+#[tokio::test]
+async fn a_sidecar_removes_what_a_killed_one_left_half_written() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "leftovers", dir.path()).await;
+    pod("train-0").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    let files = dir.path().join("trainlet");
+    let observed = dir.path().join("observed");
+    std::fs::create_dir(&files).unwrap();
+    std::fs::create_dir(&observed).unwrap();
+    write_tf_config(&files, free_port());
+    std::fs::write(
+        files.join("cluster.json"),
+        r#"{"cluster":{"worker":["127.0.0.1:1"]},"task":{"type":"worker","index":0},"master":"","peers":[],"selectors":{"worker":["app=w"]},"resolved_at":"","waited_seconds":0}"#,
+    )
+    .unwrap();
+    std::fs::write(files.join(".trainlet.env.a1B2c3"), "export TF_").unwrap();
+    std::fs::write(files.join("notes.txt"), "mine").unwrap();
+    let cluster_file = files.join("cluster.json");
+    let r = Reporter::start(sidecar_cmd(
+        &kc,
+        &ns,
+        "train-0",
+        &[
+            "--observations",
+            observed.to_str().unwrap(),
+            "--cluster-file",
+            cluster_file.to_str().unwrap(),
+        ],
+    ));
+    r.wait_ready().await;
+    assert_eq!(
+        support::list_dir(&files),
+        ["cluster.json", "notes.txt", "peers.json", "tf_config.json"]
+    );
+    assert!(
+        r.stderr().contains(&format!(
+            "removed {}, left by an earlier run",
+            files.join(".trainlet.env.a1B2c3").display()
+        )),
+        "{}",
+        r.stderr()
+    );
+}
+
+/// Flag help is documentation: no Rust intra-doc links leak into `--help`.
+#[test]
+fn help_shows_no_rustdoc_links() {
+    for sub in [
+        "init", "exec", "sidecar", "resolve", "master", "gpus", "inject",
+    ] {
+        let r = run(trainlet().args([sub, "--help"]));
+        assert_eq!(r.code, 0, "{sub}");
+        assert!(
+            !r.stdout.contains("[`") && !r.stdout.contains("`]"),
+            "{sub} --help: {}",
+            r.stdout
+        );
+    }
+    let r = run(trainlet().args(["init", "--help"]));
+    assert!(r.stdout.contains("From 384 pods on"), "{}", r.stdout);
+}
+
 /// The cost of a sidecar at rest with the default 5 s interval: CPU time over 20 s
 /// and resident memory, from /proc. The targets are 0.2% of a core and 16 MiB; the
 /// bounds here are looser, because debug builds and a shared 2-core machine are

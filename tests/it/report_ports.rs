@@ -77,6 +77,53 @@ async fn exec_reports_a_foreign_process_on_the_task_port() {
     drop(holder);
 }
 
+/// A CMD that cannot listen on its port ends at once, usually before exec's first
+/// probe; exec still hands the conflict that ended it to the sidecar, in its last
+/// observation. Regression: that observation had no ports, so the conflict was never
+/// reported (found on the real node: node_pods.rs, the port conflict). Several runs,
+/// since whether the first probe came before CMD's exit was a race.
+#[test]
+fn exec_hands_over_the_conflict_of_a_cmd_that_ends_at_once() {
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    for run in 0..8 {
+        let dir = tempfile::tempdir().unwrap();
+        let (files, observed) = (dir.path().join("trainlet"), dir.path().join("observed"));
+        std::fs::create_dir(&files).unwrap();
+        std::fs::create_dir(&observed).unwrap();
+        write_tf_config(&files, port);
+        // As in the training container: no kubeconfig, no token, the sidecar publishes.
+        let out = trainlet()
+            .args(["exec", "--report", "--observations"])
+            .arg(&observed)
+            .arg("--output-dir")
+            .arg(&files)
+            .args(["--pod-name", "train-0", "--pod-namespace", "ml"])
+            .args(["--interval", "10s", "--", "sh", "-c", "exit 3"])
+            .env("HOME", dir.path())
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let o: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(observed.join("exec.json")).unwrap()).unwrap();
+        assert_eq!(o["exited"], 3, "run {run}: {o}");
+        assert_eq!(
+            o["ports"],
+            json!([{"port": port, "state": "conflict", "reason": "foreign-process",
+                    "owner": {"pid": std::process::id(), "comm": own_comm()}}]),
+            "run {run}: {o}"
+        );
+    }
+    drop(holder);
+}
+
 /// CMD itself listens on the task port: `listening`, owned by CMD, no conflict. CMD
 /// exits 7 and so does trainlet.
 #[tokio::test]

@@ -278,67 +278,6 @@ impl Drop for Reporter {
     }
 }
 
-/// `trainlet sidecar` for a pod, with exactly the RBAC rights of manifests/rbac.yaml
-/// (a token of the trainlet ServiceAccount), a short probe interval, and `extra`
-/// flags.
-pub fn sidecar_cmd(kubeconfig: &Path, ns: &str, pod: &str, extra: &[&str]) -> Command {
-    let mut cmd = support::trainlet();
-    cmd.arg("sidecar")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--pod-name", pod, "--pod-namespace", ns])
-        .args(defaults(extra))
-        .args(extra);
-    cmd
-}
-
-/// A short probe interval and a 1 s patch interval, unless `extra` sets them.
-fn defaults(extra: &[&str]) -> Vec<&'static str> {
-    let mut v = Vec::new();
-    if !extra.contains(&"--interval") {
-        v.extend(["--interval", "200ms"]);
-    }
-    if !extra.contains(&"--min-patch-interval") {
-        v.extend(["--min-patch-interval", "1s"]);
-    }
-    v
-}
-
-/// A namespace with the RBAC manifests applied and a kubeconfig of the trainlet
-/// ServiceAccount written into `dir`.
-pub async fn rbac_namespace(client: &Client, prefix: &str, dir: &Path) -> (String, PathBuf) {
-    let ns = support::namespace(client, prefix).await;
-    support::apply_rbac(&ns);
-    let kc = support::sa_kubeconfig(client, &ns, "trainlet", dir).await;
-    (ns, kc)
-}
-
-/// Writes `tf_config.json` for a one-worker cluster at 127.0.0.1:`port` into `dir`,
-/// as `trainlet init` would, so `exec` skips init.
-pub fn write_tf_config(dir: &Path, port: u16) {
-    std::fs::write(
-        dir.join("tf_config.json"),
-        format!(
-            "{{\"cluster\":{{\"worker\":[\"127.0.0.1:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":0}}}}\n"
-        ),
-    )
-    .unwrap();
-}
-
-/// `trainlet exec --report` for a pod, with `dir` holding tf_config.json.
-pub fn exec_cmd(kubeconfig: &Path, ns: &str, pod: &str, dir: &Path, extra: &[&str]) -> Command {
-    let mut cmd = support::trainlet();
-    cmd.args(["exec", "--report"])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--pod-name", pod, "--pod-namespace", ns])
-        .arg("--output-dir")
-        .arg(dir)
-        .args(defaults(extra))
-        .args(extra);
-    cmd
-}
-
 /// A cgroup v1 memory cgroup with a limit, made under the test process's own memory
 /// cgroup, removed on drop. `None` (after `skip_or_fail`) where none can be made.
 pub struct MemCgroup {

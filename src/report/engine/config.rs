@@ -6,27 +6,14 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::child::SpawnError;
 use crate::Code;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::MetricsError;
-use crate::report::restart::Policy;
+use crate::supervise::child::SpawnError;
+use crate::supervise::policy::Policy;
+use crate::supervise::progress::WatchConfig;
 
-/// Which way the reporters run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Sidecar,
-    Exec,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Sidecar => "sidecar",
-            Mode::Exec => "exec",
-        }
-    }
-}
+pub use crate::report::Mode;
 
 /// What the reporters are to do, validated.
 #[derive(Debug, Clone)]
@@ -56,8 +43,10 @@ pub struct Config {
     /// `cluster.json`, whose peers the sidecar (and exec, with API credentials) watch
     /// after the start.
     pub cluster_file: Option<PathBuf>,
-    /// Exec: what a peer lost or replaced does to CMD.
+    /// Exec: what a peer lost or replaced, or a stall, does to CMD.
     pub restart: Policy,
+    /// Exec: CMD's progress is watched (`--stall-after`, `--progress-pattern`).
+    pub progress: Option<WatchConfig>,
 }
 
 #[derive(Debug, Error)]
@@ -70,9 +59,6 @@ pub enum ReportError {
     Spawn(#[from] SpawnError),
     #[error("cannot handle signals: {0}")]
     Signals(std::io::Error),
-    /// The restart's wait for the cluster, or its files, failed.
-    #[error("restarting after a peer change: {0}")]
-    Respawn(crate::Failure),
 }
 
 impl ReportError {
@@ -82,7 +68,6 @@ impl ReportError {
             ReportError::Metrics(e) => e.code(),
             ReportError::Spawn(e) => e.code(),
             ReportError::Signals(_) => Code::Internal,
-            ReportError::Respawn(f) => f.code,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The engine's two ends of the observation handover ([`crate::report::handover`]):
+//! The engine's two ends of the observation handover ([`crate::handover::observation`]):
 //! `exec --observations` writes what it observes instead of publishing it; the sidecar
 //! reads it, announces what is new, and merges it into the one report of the pod.
 
@@ -9,13 +9,14 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::Engine;
-use super::state::{ExecMark, PortEntry, Previous};
+use crate::handover::observation::{
+    self as handover, GpuObservation, KillObservation, Observation, Published, VERSION, Version,
+    XidCountObservation,
+};
 use crate::metrics::{ReasonLabel, XidLabel};
 use crate::publish::keys;
-use crate::report::handover::file::{self, Version, Watch};
-use crate::report::handover::{
-    self, GpuObservation, KillObservation, Observation, Published, VERSION, XidCountObservation,
-};
+use crate::report::probe::ports::PortEntry;
+use crate::report::state::{ExecMark, Previous};
 
 /// At most this many `GPUXidError` Events for one XID from one version: a counter
 /// that jumps by thousands is counted in full, not announced thousands of times.
@@ -44,7 +45,7 @@ impl Outgoing {
 /// The sidecar's end.
 pub(super) struct Inbox {
     pub dir: PathBuf,
-    watch: Option<Watch>,
+    watch: Option<crate::watch::FileWatch>,
     /// The last version accepted.
     pub last: Option<Version>,
     published: Published,
@@ -105,13 +106,14 @@ impl Engine {
             interval_ms: self.cfg.interval.as_millis() as u64,
             exited,
             gpu: GpuObservation {
-                unavailable: self.gpu.nvml.clone().err(),
-                driver: self.gpu.driver.clone(),
-                devices: self.gpu.devices.clone(),
-                seen: self.gpus_seen,
-                lost: self.gpu_lost.clone(),
+                unavailable: self.gpus.info.nvml.clone().err(),
+                driver: self.gpus.info.driver.clone(),
+                devices: self.gpus.info.devices.clone(),
+                seen: self.gpus.seen,
+                lost: self.gpus.lost.clone(),
             },
             xids: self
+                .gpus
                 .xids
                 .counts
                 .iter()
@@ -137,6 +139,7 @@ impl Engine {
                 .collect(),
             errors: self.probe_errors(),
             restart: self.restart_obs.clone(),
+            progress: self.progress.as_ref().map(|w| w.observation()),
         })
     }
 
@@ -146,7 +149,7 @@ impl Engine {
             return;
         };
         let out = self.outgoing.as_mut().expect("observation() checked it");
-        match file::write(&out.dir, &o) {
+        match handover::write(&out.dir, &o) {
             Ok(()) => out.failed = false,
             Err(e) if !out.failed => {
                 warn!("the sidecar cannot see this container's observations: {e}");
@@ -169,12 +172,12 @@ impl Engine {
             return;
         };
         self.state.seed(&prev);
-        if self.xids.counts.is_empty() {
+        if self.gpus.xids.counts.is_empty() {
             for x in &prev.gpu.xid_errors {
-                self.xids.counts.insert(x.error.clone(), x.count);
+                self.gpus.xids.add(x.error.clone(), x.count);
                 self.metrics
                     .gpu_xid_errors
-                    .get_or_create(&xid_label(&x.error))
+                    .get_or_create(&xid_label(&x.error, self.gpus.xids.kept(&x.error)))
                     .inc_by(x.count);
             }
         }
@@ -189,6 +192,7 @@ impl Engine {
                     .map(|x| (x.error.clone(), x.count))
                     .collect(),
                 restarts: mark.restarts,
+                stalls: prev_stalls(pod),
             };
             info!(
                 epoch = %mark.epoch,
@@ -205,7 +209,7 @@ impl Engine {
         let Some(inbox) = self.inbox.as_mut() else {
             return false;
         };
-        let version = match file::read(&inbox.dir) {
+        let version = match handover::read(&inbox.dir) {
             Ok(None) => return false,
             Ok(Some(v)) => v,
             Err(rejected) => {
@@ -251,26 +255,53 @@ impl Engine {
             }
         }
         let news = handover::news(&mut inbox.published, &o);
+        // News from the training container may hurry a patch only so often.
+        let urgent = (!news.kills.is_empty()
+            || !news.xids.is_empty()
+            || news.restart.is_some()
+            || news.stall.is_some())
+            && self.container_urgency.take(std::time::Instant::now());
+        let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
+        if let Some(note) = &news.stall {
+            self.log_news(note);
+            self.metrics.stalls.inc();
+            self.outbox.push(("Stalled", note.clone()), urgent);
+        }
         for k in &news.kills {
             let kill = k.to_kill(&container);
             self.oom.ledger.record_cgroup(kill.clone(), now);
-            self.announce_kill(&kill);
+            self.announce_kill(&kill, urgent);
         }
         for (e, n) in news.xids {
-            *self.xids.counts.entry(e.clone()).or_insert(0) += n;
+            self.log_news(&format!("{} ({n} new)", e.message()));
+            self.gpus.xids.add(e.clone(), n);
             self.metrics
                 .gpu_xid_errors
-                .get_or_create(&xid_label(&e))
+                .get_or_create(&xid_label(&e, self.gpus.xids.kept(&e)))
                 .inc_by(n);
             for _ in 0..n.min(XID_EVENTS_PER_VERSION) {
-                warn!("{}", e.message());
-                self.outbox.push(("GPUXidError", e.message()), true);
+                self.outbox.push(("GPUXidError", e.message()), urgent);
             }
         }
         if let Some(note) = news.restart {
-            warn!("{note}");
-            self.metrics.restarts.inc();
-            self.outbox.push(("Restarting", note), true);
+            // exec restarts CMD only on the sidecar's word that the cluster changed: a
+            // restart the sidecar never asked for is not counted (see `restart_allowed`).
+            // Its own stall is exec's to see: a restart of a stalled CMD is explained.
+            if std::mem::take(&mut self.restart_allowed) || stalled || news.stall.is_some() {
+                self.log_news(&note);
+                self.metrics.restarts.inc();
+                self.outbox.push(("Restarting", note), urgent);
+            } else {
+                self.metrics
+                    .observations_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: "restart-unexplained".into(),
+                    })
+                    .inc();
+                warn!(
+                    "trainlet exec reports a restart of its command, but this sidecar told it of no peer change since the last one; not announced"
+                );
+            }
         }
         true
     }
@@ -289,12 +320,20 @@ impl Engine {
     /// Sidecar: watches the directory, so a new version is read at once.
     pub(super) fn watch_observations(&mut self) {
         if let Some(inbox) = self.inbox.as_mut() {
-            inbox.watch = Watch::or_poll(&inbox.dir, handover::FILE);
+            inbox.watch = crate::watch::entry_or_poll(&inbox.dir, handover::FILE);
         }
     }
 }
 
-pub(super) fn xid_label(e: &crate::report::xid::XidError) -> XidLabel {
+/// The series of one XID: its own while the ledger keeps the pair, else `other`.
+pub(super) fn xid_label(e: &crate::report::probe::gpu::xid::XidError, kept: bool) -> XidLabel {
+    if !kept {
+        return XidLabel {
+            gpu: "other".into(),
+            uuid: "other".into(),
+            xid: "other".into(),
+        };
+    }
     XidLabel {
         gpu: e.gpu.to_string(),
         uuid: e.uuid.clone(),
@@ -305,7 +344,18 @@ pub(super) fn xid_label(e: &crate::report::xid::XidError) -> XidLabel {
 /// The next new version in the directory, or never without a watch.
 pub(super) async fn next_version(inbox: &mut Option<Inbox>) -> Option<()> {
     match inbox.as_mut() {
-        Some(i) => file::woken(&mut i.watch).await,
+        Some(i) => crate::watch::woken(&mut i.watch).await,
         None => std::future::pending().await,
     }
+}
+
+/// The stalls the pod's `trainlet.io/progress` already announced, for a restarted
+/// sidecar: none is announced twice.
+fn prev_stalls(pod: &Pod) -> u64 {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::PROGRESS))
+        .and_then(|t| serde_json::from_str::<crate::peers::progress::Annotation>(t).ok())
+        .map_or(0, |a| a.stalls)
 }

@@ -9,10 +9,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use super::outbox::API_TIMEOUT;
 use super::{Engine, Mode};
+use crate::flags;
 use crate::kube::{self as k8s, Identity, KubeError};
 use crate::publish::Publisher;
+use crate::report::outbox::API_TIMEOUT;
 
 /// The connection to the API server.
 pub(super) struct Link {
@@ -86,12 +87,13 @@ impl Engine {
                 .map(|c| c.name.clone())
                 .collect();
             warn!(
-                "no training container {} in the pod (containers: {}); GPU limits and ports come from flags only (pass --container)",
+                "no training container {} in the pod (containers: {}); GPU limits and ports come from flags only (pass --{})",
                 self.cfg
                     .container
                     .as_deref()
                     .unwrap_or("that is not trainlet's"),
-                containers.join(", ")
+                containers.join(", "),
+                flags::CONTAINER
             );
             self.warned_no_container = true;
         }
@@ -99,7 +101,7 @@ impl Engine {
             .oom
             .record_status(&self.view, self.cfg.container.as_deref())
         {
-            self.announce_kill(&kill);
+            self.announce_kill(&kill, true);
         }
         if let (Mode::Sidecar, Some(root)) = (self.cfg.mode, &self.cfg.cgroup_root) {
             self.oom.resolve_container_cgroups(root, &self.view);
@@ -107,7 +109,8 @@ impl Engine {
         if self.cfg.exit_with_main && self.view.finished(&self.container_name()) {
             info!(
                 container = %self.container_name(),
-                "the training container has terminated; exiting (--exit-with-main)"
+                "the training container has terminated; exiting (--{})",
+                flags::EXIT_WITH_MAIN
             );
             self.stop = true;
         }

@@ -1,4 +1,4 @@
-//! The engine's two ends of `peers.json` ([`crate::report::handover::peers`]): the
+//! The engine's two ends of `peers.json` ([`crate::handover::peers`]): the
 //! sidecar says where the cluster stands and moves the files for a waiting exec; exec,
 //! without API credentials, learns of a peer change from it and restarts from the moved
 //! files.
@@ -10,9 +10,9 @@ use tracing::{info, warn};
 
 use super::Engine;
 use crate::cluster::drift;
-use crate::report::handover::file::{self, Watch};
-use crate::report::handover::peers::{self, PeersState, VERSION};
-use crate::tfconfig;
+use crate::flags;
+use crate::handover::peers::{self, MAX_STALLED, PeersState, StalledPeer, VERSION};
+use crate::render;
 
 /// The sidecar's end.
 pub(super) struct Outgoing {
@@ -44,7 +44,7 @@ impl Outgoing {
 /// exec's end.
 pub(super) struct Incoming {
     dir: PathBuf,
-    watch: Option<Watch>,
+    watch: Option<crate::watch::FileWatch>,
     pub state: Option<PeersState>,
 }
 
@@ -77,17 +77,31 @@ impl Incoming {
         self.state.as_ref().map_or(0, |s| s.generation)
     }
 
+    /// The peers the sidecar reports stalled, with since when.
+    pub fn stalled(&self) -> Vec<(String, SystemTime)> {
+        self.state
+            .iter()
+            .flat_map(|s| &s.stalled)
+            .map(|p| {
+                (
+                    p.pod.clone(),
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms),
+                )
+            })
+            .collect()
+    }
+
     /// Wakes on a new version of the file; without inotify, exec reads it every
     /// `--interval`.
     pub fn watch(&mut self) {
-        self.watch = Watch::or_poll(&self.dir, peers::FILE);
+        self.watch = crate::watch::entry_or_poll(&self.dir, peers::FILE);
     }
 }
 
 /// The next new version of `peers.json`, or never without a watch.
 pub(super) async fn next_state(incoming: &mut Option<Incoming>) -> Option<()> {
     match incoming.as_mut() {
-        Some(i) => file::woken(&mut i.watch).await,
+        Some(i) => crate::watch::woken(&mut i.watch).await,
         None => std::future::pending().await,
     }
 }
@@ -120,7 +134,7 @@ impl Engine {
             && let Some(moved) = drift::moves(drift)
         {
             if !moved.is_empty() {
-                if let Err(e) = tfconfig::rehost_outputs(&out.dir, &moved) {
+                if let Err(e) = render::rehost_outputs(&out.dir, &moved, watch.generation) {
                     warn!("cannot move the cluster files to the replacements: {e}");
                     return;
                 }
@@ -134,20 +148,42 @@ impl Engine {
             out.generation += 1;
             out.answered = Some(w);
         }
+        // The own pod's stall is exec's own to see: only the others' are passed on.
+        let own = self.view.pod.as_ref().and_then(|p| p.metadata.name.clone());
+        let stalled: Vec<StalledPeer> = watch
+            .stalled()
+            .into_iter()
+            .filter(|(pod, _)| Some(pod) != own.as_ref())
+            .take(MAX_STALLED)
+            .map(|(pod, since)| StalledPeer {
+                pod,
+                since_ms: since
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            })
+            .collect();
+        // A restart exec makes for a peer's stall is one this sidecar told it of.
+        self.restart_allowed |= !stalled.is_empty();
         let state = PeersState {
             version: VERSION,
             generation: out.generation,
             cluster: drift::annotation(watch.drift.as_deref().unwrap_or_default()),
+            stalled,
         };
         if out.written.as_ref() != Some(&state) {
             match peers::write(&out.dir, &state) {
                 Ok(()) => {
+                    // exec's next restart answers this.
+                    if !state.is_current() {
+                        self.restart_allowed = true;
+                    }
                     out.written = Some(state);
                     out.failed = false;
                 }
                 Err(e) if !out.failed => {
                     warn!(
-                        "cannot tell trainlet exec where the cluster stands: {e} (mount init's volume writable in the sidecar, as inject --wrap does)"
+                        "cannot tell trainlet exec where the cluster stands: {e} (mount init's volume writable in the sidecar, as inject --{} does)",
+                        flags::WRAP
                     );
                     out.failed = true;
                 }

@@ -1,0 +1,312 @@
+//! Scenario 6: the stall watch (`trainlet exec --stall-after`).
+//!
+//! - **Pass-through.** CMD writes 1 GiB to stdout (`dd if=/dev/zero bs=1M`); the
+//!   harness reads it from a pipe in 1 MiB reads and throws it away. Directly, and
+//!   through `trainlet exec --report --stall-after 10m` with `--progress-pattern` (every
+//!   byte passes through exec and its lines are scanned), alternately, [`ROUNDS`]
+//!   times each. Throughput is from the first byte to the end of the stream, so
+//!   exec's start (the API server, the first report) is not counted; the ratio is
+//!   exec's median over the direct median (target ≥ 0.9). Every run is under
+//!   `/usr/bin/time`: exec's added CPU per GiB is the CPU of a run through exec, less
+//!   dd's alone and less exec's with a CMD that writes nothing; the peak RSS of the
+//!   two shows that the stream does not grow exec's memory.
+//! - **Hang to group restart.** Three pods, each `trainlet exec --stall-after 5s
+//!   --on-stall restart --interval 1s --restart-backoff 1s` with credentials, CMD
+//!   printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
+//!   pod's CMD starting again, less the backoff, against `--stall-after`: the target
+//!   is within one `--interval` after it (the stall is seen at the first check past
+//!   `--stall-after`, and the peers learn of it from the pod's annotation within a
+//!   watch event).
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use serde::Serialize;
+
+use crate::support::{self, Kubelet, pod};
+
+/// Runs of each way, alternating.
+pub const ROUNDS: usize = 3;
+const GIB: u64 = 1 << 30;
+pub const TARGET_RATIO: f64 = 0.9;
+const STALL_AFTER_S: f64 = 5.0;
+const INTERVAL_S: f64 = 1.0;
+const BACKOFF_S: f64 = 1.0;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub bytes: u64,
+    /// GiB/s of each run, first byte to end of stream.
+    pub direct_gib_s: Vec<f64>,
+    pub exec_gib_s: Vec<f64>,
+    pub ratio: f64,
+    pub target_ratio: f64,
+    /// CPU time (user + system, `/usr/bin/time`, medians): dd writing 1 GiB directly;
+    /// exec and dd for 1 GiB through exec; exec for a CMD that writes nothing (its
+    /// start, the first report, the end). exec's added CPU per GiB is the second less
+    /// the other two.
+    pub dd_cpu_ms_1gib: f64,
+    pub exec_cpu_ms_1gib: f64,
+    pub exec_cpu_ms_empty: f64,
+    pub exec_added_cpu_ms_per_gib: f64,
+    pub exec_peak_rss_kib_1gib: u64,
+    pub exec_peak_rss_kib_empty: u64,
+    /// Hang to group restart.
+    pub stall_after_s: f64,
+    pub interval_s: f64,
+    pub backoff_s: f64,
+    /// By pod: from the silent pod's last line to its CMD's next start, in seconds.
+    pub restart_after_hang_s: Vec<f64>,
+    /// The slowest of them, less the backoff and `--stall-after`: the target is ≤ one
+    /// `--interval`.
+    pub beyond_stall_after_s: f64,
+    pub error: Option<String>,
+}
+
+/// One run under `/usr/bin/time`: GiB/s from the first byte to the end, the CPU time
+/// of everything it ran (user + system, ms) and the largest peak RSS among its
+/// processes (KiB): exec's, where it runs (dd's is a few hundred KiB).
+fn pass_through(exec: Option<&[String]>, bytes: u64) -> (f64, f64, u64) {
+    let count = bytes / (1 << 20);
+    let times = tempfile::NamedTempFile::new().unwrap();
+    let mut cmd = Command::new("/usr/bin/time");
+    cmd.args(["-f", "%U %S %M", "-o"]).arg(times.path());
+    if let Some(prefix) = exec {
+        cmd.arg(env!("CARGO_BIN_EXE_trainlet"))
+            .args(prefix)
+            .arg("--");
+    }
+    cmd.args([
+        "dd",
+        "if=/dev/zero",
+        "bs=1M",
+        &format!("count={count}"),
+        "status=none",
+    ]);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn /usr/bin/time");
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    let mut first = None;
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        first.get_or_insert_with(Instant::now);
+        got += n as u64;
+    }
+    let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{cmd:?}: {st}");
+    assert_eq!(got, bytes, "{cmd:?}");
+    let text = std::fs::read_to_string(times.path()).unwrap();
+    let v: Vec<f64> = text
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert_eq!(v.len(), 3, "/usr/bin/time wrote {text:?}");
+    let rate = if secs > 0.0 {
+        got as f64 / GIB as f64 / secs
+    } else {
+        0.0
+    };
+    (rate, (v[0] + v[1]) * 1000.0, v[2] as u64)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// CMD of the hang scenario: a line every 200 ms; `$STARTS` gets each start's time;
+/// once `$HANG` exists (first start only), it writes the time of its last line to
+/// `$HANGED` and goes silent.
+const TICKING: &str = r#"date +%s.%N >> "$STARTS"
+n=$(wc -l < "$STARTS")
+while :; do
+  if [ "$n" = 1 ] && [ -e "$HANG" ]; then echo "$t" > "$HANGED"; exec sleep 600; fi
+  echo tick; t=$(date +%s.%N); sleep 0.2
+done"#;
+
+pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
+    let ns = support::namespace(client, "stall").await;
+    let kubelet = Kubelet::new(client, &ns);
+
+    // Pass-through.
+    pod("pt-0").create(client, &ns).await;
+    kubelet.run("pt-0", "10.1.2.5").await;
+    let dir = tempfile::tempdir().unwrap();
+    support::write_tf_config(dir.path(), support::free_port());
+    let prefix: Vec<String> = [
+        "exec",
+        "--report",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--pod-name",
+        "pt-0",
+        "--pod-namespace",
+        &ns,
+        "--output-dir",
+        dir.path().to_str().unwrap(),
+        "--metrics-addr",
+        "off",
+        "--stall-after",
+        "10m",
+        "--progress-pattern",
+        r"step (\d+)",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    let (mut dd_cpu, mut exec_cpu, mut hwm) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..ROUNDS {
+        let (r, c, _) = tokio::task::block_in_place(|| pass_through(None, GIB));
+        direct.push(r);
+        dd_cpu.push(c);
+        let (r, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), GIB));
+        through.push(r);
+        exec_cpu.push(c);
+        hwm = hwm.max(h);
+    }
+    let mut empty_cpu = Vec::new();
+    let mut empty_hwm = 0;
+    for _ in 0..ROUNDS {
+        let (_, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), 0));
+        empty_cpu.push(c);
+        empty_hwm = empty_hwm.max(h);
+    }
+    let ratio = median(&through) / median(&direct);
+
+    // Hang to group restart.
+    let (restart_after_hang_s, error) = group_restart(client, kubeconfig, &ns, &kubelet).await;
+    let slowest = restart_after_hang_s.iter().copied().fold(0.0, f64::max);
+    Outcome {
+        bytes: GIB,
+        direct_gib_s: direct,
+        exec_gib_s: through,
+        ratio,
+        target_ratio: TARGET_RATIO,
+        dd_cpu_ms_1gib: median(&dd_cpu),
+        exec_cpu_ms_1gib: median(&exec_cpu),
+        exec_cpu_ms_empty: median(&empty_cpu),
+        exec_added_cpu_ms_per_gib: median(&exec_cpu) - median(&dd_cpu) - median(&empty_cpu),
+        exec_peak_rss_kib_1gib: hwm,
+        exec_peak_rss_kib_empty: empty_hwm,
+        stall_after_s: STALL_AFTER_S,
+        interval_s: INTERVAL_S,
+        backoff_s: BACKOFF_S,
+        beyond_stall_after_s: slowest - BACKOFF_S - STALL_AFTER_S,
+        restart_after_hang_s,
+        error,
+    }
+}
+
+async fn group_restart(
+    client: &Client,
+    kubeconfig: &Path,
+    ns: &str,
+    kubelet: &Kubelet,
+) -> (Vec<f64>, Option<String>) {
+    let marks = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..3).map(|i| format!("w-{i}")).collect();
+    let port = support::free_port();
+    for (i, name) in names.iter().enumerate() {
+        pod(name)
+            .labels(&format!(
+                "role=w,batch.kubernetes.io/job-completion-index={i}"
+            ))
+            .port("fw", i32::from(port))
+            .create(client, ns)
+            .await;
+    }
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut children = Vec::new();
+    for (k, name) in names.iter().enumerate() {
+        let mut cmd = support::trainlet();
+        cmd.args(["exec", "--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--pod-name", name, "--pod-namespace", ns])
+            .arg("--output-dir")
+            .arg(dirs[k].path())
+            .args(["--job", "w=role=w", "--expect", "w=3", "--port-name", "fw"])
+            .args(["--timeout", "60s", "--metrics-addr", "off"])
+            .args(["--interval", "1s", "--min-patch-interval", "1s"])
+            .args(["--stall-after", "5s", "--on-stall", "restart"])
+            .args(["--restart-backoff", "1s", "--restart-grace", "2s"])
+            .args(["--", "sh", "-c", TICKING])
+            .env("STARTS", marks.path().join(format!("starts-{k}")))
+            .env("HANGED", marks.path().join("hanged"))
+            .env(
+                "HANG",
+                if k == 2 {
+                    marks.path().join("hang")
+                } else {
+                    marks.path().join("never")
+                },
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        children.push(cmd.spawn().expect("spawn exec"));
+    }
+    for (k, name) in names.iter().enumerate() {
+        kubelet.run(name, &format!("127.0.30.{}", k + 2)).await;
+    }
+    let starts = |k: usize| -> Vec<f64> {
+        std::fs::read_to_string(marks.path().join(format!("starts-{k}")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let wait = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if (0..3).all(|k| starts(k).len() >= n) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut error = None;
+    let mut out = Vec::new();
+    if !tokio::task::block_in_place(|| wait(1)) {
+        error = Some("not every CMD started within 60 s".to_string());
+    } else {
+        // Let the peer watches settle, then hang pod 2.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        std::fs::write(marks.path().join("hang"), "").unwrap();
+        if !tokio::task::block_in_place(|| wait(2)) {
+            error = Some("not every CMD restarted within 60 s of the hang".to_string());
+        } else {
+            let hanged: f64 = std::fs::read_to_string(marks.path().join("hanged"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            out = (0..3).map(|k| starts(k)[1] - hanged).collect();
+        }
+    }
+    // SIGTERM: exec stops CMD's tree and exits.
+    for mut c in children {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = c.wait();
+    }
+    (out, error)
+}

@@ -1,0 +1,380 @@
+//! The init workflow: find the own pod, wait for the peers, resolve the cluster and the
+//! own task, check the own port, write the files, tell the pod.
+//!
+//! `trainlet init` runs it as the init container; `trainlet exec` runs it in-process
+//! when no init container wrote the files. Every failure writes nothing: the kubelet
+//! then restarts the init container, and a rerun starts clean.
+//!
+//! In a large job the agents coordinate ([`Role`], `cluster::published`): task 0 of the
+//! first type resolves by watching every peer and publishes the cluster on its own pod;
+//! every other agent watches only that pod. The files are the same either way, and
+//! `cluster.json` records the pod's part ([`Coordination`](crate::cluster::published::Coordination)) for the reporters, which
+//! go on coordinating after the start: the resolver pod's reporter publishes again when
+//! a peer is lost or replaced, and the others watch only the resolver pod.
+
+mod announce;
+mod follow;
+mod output;
+mod role;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::Code;
+use crate::cluster::published::ANNOTATION;
+use crate::cluster::{Cluster, ClusterConfig, ClusterError, Task};
+use crate::kube::{self as k8s, KubeError};
+use crate::peers::follow::FollowError;
+use crate::peers::{Scope, WaitError, wait_for_peers};
+use crate::publish::Publisher;
+use crate::render::frameworks::{FrameworkConfig, FrameworkError};
+use crate::render::{self, OutputError, TfConfig};
+use follow::{FALLBACK, follow_resolver};
+use output::{port_is_free, write_outputs};
+pub use role::{COORDINATE_FROM, Coordinate, Role, coordinates, coordination_target, role};
+
+/// Everything `init` needs, validated.
+#[derive(Debug, Clone)]
+pub struct InitConfig {
+    pub kube: k8s::Settings,
+    pub cluster: ClusterConfig,
+    /// How long to wait for the peers; `None` waits forever.
+    pub timeout: Option<Duration>,
+    /// Where the files go (an existing directory, usually a shared emptyDir).
+    pub output_dir: PathBuf,
+    /// Where to install the trainlet binary for the other containers, if anywhere.
+    pub install_to: Option<PathBuf>,
+    pub coordinate: Coordinate,
+    /// The other frameworks' files and what goes into the environment.
+    pub frameworks: FrameworkConfig,
+    /// A follower accepts no resolution older than this: `exec` resolving again after
+    /// a peer change must not take the cluster that change made stale.
+    pub min_generation: Option<u64>,
+}
+
+#[derive(Debug, Error)]
+pub enum InitError {
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Wait(#[from] WaitError),
+    #[error(transparent)]
+    Follow(#[from] FollowError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error(transparent)]
+    Framework(#[from] FrameworkError),
+    /// The own server port is taken in this pod's network namespace.
+    #[error("port {0} is already in use in this pod's network namespace")]
+    PortConflict(u16),
+    /// The binary could not be installed for the other containers.
+    #[error("{0}")]
+    Install(String),
+    /// The resolver could not publish the cluster for the other agents, who would wait
+    /// for it until their timeout.
+    #[error("cannot publish the cluster for the other agents: {0}")]
+    Publish(String),
+    /// The resolver's cluster does not fit in its pod's annotations.
+    #[error("cannot publish the cluster for the other agents: {0}")]
+    TooLarge(String),
+    /// The install directory could not be created.
+    #[error("cannot create the install directory {dir}: {why}")]
+    InstallDir { dir: PathBuf, why: String },
+}
+
+impl InitError {
+    pub fn code(&self) -> Code {
+        match self {
+            InitError::Kube(e) => e.code(),
+            InitError::Cluster(e) => e.code(),
+            InitError::Wait(e) => e.code(),
+            InitError::Follow(e) => e.code(),
+            InitError::Framework(e) => e.code(),
+            InitError::Output(_) | InitError::Install(_) | InitError::InstallDir { .. } => {
+                Code::Internal
+            }
+            InitError::PortConflict(_) => Code::PortConflict,
+            InitError::Publish(_) => Code::Api,
+            // Waiting or retrying changes nothing: the job needs --coordinate never, or
+            // fewer annotations of its own on the resolver pod.
+            InitError::TooLarge(_) => Code::Usage,
+        }
+    }
+}
+
+/// What `init` produced; `exec` uses it to start the command.
+pub struct Outcome {
+    pub tf_config: TfConfig,
+    /// What `trainlet.env` holds: CMD's environment under `trainlet exec`.
+    pub env: Vec<(String, String)>,
+}
+
+/// The whole init sequence.
+///
+/// `describe` turns an error into the message the user reads: the PeerWaitTimeout and
+/// PortConflict Events carry the same text as the process's last line, and only the
+/// caller knows how to word it (the flags that fix it are the CLI's).
+pub async fn run(
+    cfg: &InitConfig,
+    describe: impl Fn(&InitError) -> String,
+) -> Result<Outcome, InitError> {
+    // A run killed between creating and renaming a file left it behind.
+    for dir in std::iter::once(&cfg.output_dir).chain(&cfg.install_to) {
+        for f in render::remove_leftovers(dir) {
+            info!("removed {}, left by an earlier run", f.display());
+        }
+    }
+    let (client, id, own) = k8s::connect_own_pod(&cfg.kube).await?;
+    if cfg.cluster.task_override.is_none() {
+        cfg.cluster.resolver.check_own_pod(&own.metadata)?;
+    }
+    let this = Session {
+        cfg,
+        publisher: Publisher::new(client.clone(), &own, "trainlet-init"),
+        scope: Scope::of(&cfg.cluster.namespaces, &id.namespace),
+        own_uid: own.metadata.uid.clone().unwrap_or_default(),
+        client,
+        id,
+        own,
+        describe: &describe,
+    };
+    let role = this.role();
+    info!(pod = %this.id.pod_name, namespace = %this.id.namespace, role = ?role, "waiting for peers");
+    let found = this.resolve(&role).await?;
+    let tf = TfConfig::new(
+        &found.cluster,
+        found.task.clone(),
+        cfg.cluster.environment.clone(),
+    );
+    this.check_port(&tf).await?;
+    let plan = this.plan(&role, &found).await?;
+    let env = write_outputs(
+        cfg,
+        &tf,
+        &found.cluster,
+        &this.own,
+        found.waited,
+        plan.coordination,
+    )?;
+    let (task, cluster) = (&found.task, &found.cluster);
+    info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %cluster.summary(), waited = ?found.waited, "wrote {}", cfg.output_dir.join(render::TF_CONFIG_FILE).display());
+    this.announce(&plan.annotation).await?;
+    let note = format!(
+        "{}/{} of {} after {:.1}s",
+        task.task_type,
+        task.index,
+        cluster.summary(),
+        found.waited.as_secs_f64()
+    );
+    best_effort(
+        this.publisher.event(false, "PeersResolved", &note).await,
+        "emit the PeersResolved event",
+    );
+    Ok(Outcome { tf_config: tf, env })
+}
+
+/// One run of init, connected: what every step needs.
+struct Session<'a> {
+    cfg: &'a InitConfig,
+    client: kube::Client,
+    id: k8s::Identity,
+    own: Pod,
+    own_uid: String,
+    publisher: Publisher,
+    scope: Scope,
+    describe: &'a dyn Fn(&InitError) -> String,
+}
+
+/// The cluster and the own task, and where they came from.
+struct Found {
+    cluster: Cluster,
+    task: Task,
+    waited: Duration,
+    /// The generation of the resolution the files come from (a follower's), or that
+    /// they are newer than (a follower that fell back to watching every peer).
+    followed: Option<u64>,
+}
+
+impl Session<'_> {
+    /// This agent's part while it waits. The resolver's selector is namespaced, and an
+    /// explicit task is the user's; elastic jobs resolve with whoever is ready: each
+    /// agent decides for itself.
+    fn role(&self) -> Role {
+        if self.decides_alone() {
+            Role::Alone
+        } else {
+            role(self.cfg.coordinate, &self.cfg.cluster, &self.own)
+        }
+    }
+
+    fn decides_alone(&self) -> bool {
+        !matches!(self.scope, Scope::Namespace(_))
+            || self.cfg.cluster.task_override.is_some()
+            || self.cfg.frameworks.elastic.is_some()
+    }
+
+    /// Tells the pod why the wait ended, and hands the error on.
+    async fn timed_out(&self, e: InitError) -> InitError {
+        best_effort(
+            self.publisher
+                .event(true, "PeerWaitTimeout", &(self.describe)(&e))
+                .await,
+            "emit the PeerWaitTimeout event",
+        );
+        e
+    }
+
+    /// Follows the resolver pod, or watches every peer: a follower whose resolver
+    /// stays behind falls back to the latter after [`FALLBACK`].
+    async fn resolve(&self, role: &Role) -> Result<Found, InitError> {
+        let Role::Follower { selector } = role else {
+            return self.watch_every_peer().await;
+        };
+        let start = std::time::Instant::now();
+        match follow_resolver(self.cfg, &self.client, &self.id, &self.own, selector).await {
+            Ok(r) => Ok(Found {
+                cluster: r.cluster,
+                task: r.task,
+                waited: r.waited,
+                followed: Some(r.generation),
+            }),
+            Err((e @ InitError::Follow(FollowError::Timeout { .. }), _)) => {
+                Err(self.timed_out(e).await)
+            }
+            Err((InitError::Follow(FollowError::Behind { why }), seen)) => {
+                warn!(
+                    "{why} for {}; resolving by watching every peer instead",
+                    humantime::format_duration(FALLBACK)
+                );
+                let found = self.watch_every_peer().await?;
+                Ok(Found {
+                    waited: start.elapsed(),
+                    followed: Some((seen + 1).max(self.cfg.min_generation.unwrap_or(0))),
+                    ..found
+                })
+            }
+            Err((e, _)) => Err(e),
+        }
+    }
+
+    async fn watch_every_peer(&self) -> Result<Found, InitError> {
+        let cfg = self.cfg;
+        let resolved = match wait_for_peers(
+            &self.client,
+            &self.scope,
+            &cfg.cluster.resolver,
+            cfg.cluster.expected.clone(),
+            cfg.frameworks
+                .elastic
+                .map(|e| (e.min, self.own_uid.as_str())),
+            cfg.timeout,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e @ WaitError::Timeout { .. }) => return Err(self.timed_out(e.into()).await),
+            Err(e) => return Err(e.into()),
+        };
+        let task = cfg.cluster.resolver.own_task(
+            &resolved.cluster,
+            &self.own_uid,
+            &self.id.pod_name,
+            cfg.cluster.task_override.clone(),
+        )?;
+        Ok(Found {
+            cluster: resolved.cluster,
+            task,
+            waited: resolved.waited,
+            followed: None,
+        })
+    }
+
+    /// The own server port must be free in this pod's network namespace; with
+    /// hostNetwork it often is not, and TensorFlow would fail much later with a
+    /// confusing "Address already in use".
+    async fn check_port(&self, tf: &TfConfig) -> Result<(), InitError> {
+        let port = tf.own_port().unwrap_or(self.cfg.cluster.resolver.port);
+        if port_is_free(port).await {
+            return Ok(());
+        }
+        let e = InitError::PortConflict(port);
+        best_effort(
+            self.publisher
+                .event(true, "PortConflict", &(self.describe)(&e))
+                .await,
+            "emit the PortConflict event",
+        );
+        Err(e)
+    }
+
+    /// What the pod's annotations and `cluster.json` will say of this agent's part. After
+    /// the start the job's reporters coordinate as init did: a job known to be large now
+    /// that it is resolved coordinates, even where this agent could not tell before it
+    /// waited.
+    async fn plan(&self, role: &Role, found: &Found) -> Result<announce::Plan, InitError> {
+        let cfg = self.cfg;
+        let peers: usize = found.cluster.tasks.values().map(Vec::len).sum();
+        let target = match role {
+            Role::Alone if !self.decides_alone() => {
+                coordination_target(cfg.coordinate, &cfg.cluster, &self.own)
+            }
+            Role::Alone => None,
+            r => Some(r.clone()),
+        }
+        .filter(|_| coordinates(cfg.coordinate, peers));
+        let plan = announce::plan(
+            target.as_ref(),
+            &cfg.cluster.resolver,
+            &self.own,
+            &self.id.namespace,
+            found,
+        );
+        if let Err(e) = &plan {
+            let note = (self.describe)(e);
+            warn!("{note}");
+            best_effort(
+                self.publisher.event(true, "ClusterTooLarge", &note).await,
+                "emit the ClusterTooLarge event",
+            );
+        }
+        plan
+    }
+
+    /// Annotates the own pod with its task and, on the resolver, the cluster.
+    async fn announce(
+        &self,
+        annotation: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), InitError> {
+        if !annotation.contains_key(ANNOTATION) {
+            best_effort(
+                self.publisher.annotate(annotation).await,
+                "annotate the pod with its task",
+            );
+            return Ok(());
+        }
+        let r = announce::publish(&self.publisher, annotation).await;
+        if let Err(e) = &r {
+            best_effort(
+                self.publisher
+                    .event(true, "ClusterNotPublished", &(self.describe)(e))
+                    .await,
+                "emit the ClusterNotPublished event",
+            );
+        }
+        r
+    }
+}
+
+/// Reporting to the pod is secondary to the files: log, and carry on.
+fn best_effort<E: std::fmt::Display>(r: Result<(), E>, what: &str) {
+    if let Err(e) = r {
+        warn!("could not {what}: {e}");
+    }
+}

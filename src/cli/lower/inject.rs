@@ -1,0 +1,262 @@
+//! `inject`'s flags into `InjectConfig`, and the init flags it writes into the pod
+//! template from the same values.
+
+use std::path::Path;
+
+use super::super::args::{ClusterArgs, InjectArgs, OutputArgs, StallArgs};
+use super::super::defaults;
+use super::super::values::{Flag, Framework, PeerChange};
+use super::{cluster_config, framework_config, parse_duration, progress_watch};
+use crate::Failure;
+use crate::flags;
+use crate::inject::quantity::is_quantity;
+use crate::inject::{InjectConfig, Resources};
+
+/// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
+/// adds. The init flags are validated exactly as `trainlet init` will, so a bad
+/// selector fails here and not in every pod of the job; flags left at their defaults
+/// are not written.
+pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
+    cluster_config(&a.cluster)?;
+    framework_config(&a.cluster, &a.output)?;
+    let c = &a.cluster;
+    if c.task_type.is_some() || c.task_index.is_some() {
+        return Err(Failure::usage(
+            "--task-type and --task-index would give every pod of a template the same task; inject leaves the task to each pod's own index",
+        ));
+    }
+    parse_duration(flags::TIMEOUT, &a.output.timeout)?;
+    if a.image.trim().is_empty() {
+        return Err(Failure::usage(
+            "invalid --image \"\": give an image reference",
+        ));
+    }
+    if let Some(w) = &a.wrap
+        && w.trim().is_empty()
+    {
+        return Err(Failure::usage("invalid --wrap \"\": give a container name"));
+    }
+    progress_watch(&a.stall)?;
+    if a.wrap.is_none()
+        && let Some(flag) = [
+            (a.stall.stall_after.is_some(), flags::STALL_AFTER),
+            (a.stall.progress_pattern.is_some(), flags::PROGRESS_PATTERN),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    {
+        return Err(Failure::usage(format!(
+            "--{flag} watches the command of the container that --wrap names; pass --wrap CONTAINER"
+        )));
+    }
+    if a.on_peer_change != defaults::ON_PEER_CHANGE && a.wrap.is_none() {
+        return Err(Failure::usage(format!(
+            "--on-peer-change {} acts on the command of the container that --wrap names; pass --wrap CONTAINER",
+            a.on_peer_change.name()
+        )));
+    }
+    let resources = resources(&a.resources)?;
+    if let Some(size) = &a.shm_size
+        && !is_quantity(size)
+    {
+        return Err(Failure::usage(format!(
+            "invalid --shm-size {size:?}: give a size such as 8Gi or 512Mi"
+        )));
+    }
+    let output_dir = path_str(flags::OUTPUT_DIR, &a.output.output_dir)?;
+    if !a.output.output_dir.is_absolute() || output_dir == "/" {
+        return Err(Failure::usage(format!(
+            "invalid --output-dir {output_dir}: the mount path of the shared volume must be an absolute path below /"
+        )));
+    }
+    let install_to = match &a.output.install_to {
+        None => format!("{output_dir}/bin"),
+        Some(p) => {
+            let s = path_str(flags::INSTALL_TO, p)?;
+            if !p.starts_with(&a.output.output_dir) || p == &a.output.output_dir {
+                return Err(Failure::usage(format!(
+                    "invalid --install-to {s}: it must be a directory inside --output-dir {output_dir}, the only volume inject adds"
+                )));
+            }
+            s
+        }
+    };
+
+    Ok(InjectConfig {
+        image: a.image.trim().to_string(),
+        init_args: init_flags(c, &a.output, &output_dir, &install_to),
+        // The task port the sidecar watches for conflicts: TensorFlow's, or the one given.
+        // Other frameworks' ports are the training container's containerPorts, which
+        // the sidecar watches without --port.
+        sidecar_args: match c.port {
+            Some(p) => vec![format!("--port={p}")],
+            None if a
+                .output
+                .frameworks
+                .iter()
+                .all(|f| *f == Framework::Tensorflow) =>
+            {
+                vec![format!("--port={}", defaults::PORT)]
+            }
+            None => Vec::new(),
+        },
+        // `trainlet exec` reads TF_CONFIG from --output-dir, whose default is the
+        // default mount path; the sidecar serves the pod's metrics, so the in-process
+        // reporters of `exec --report` must not bind the same port in the same pod.
+        wrap_env: (output_dir != defaults::OUTPUT_DIR)
+            .then(|| ("TRAINLET_OUTPUT_DIR".to_string(), output_dir.clone()))
+            .into_iter()
+            .chain([("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())])
+            .collect(),
+        metrics_port: defaults::METRICS_PORT,
+        output_dir,
+        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
+        install_to,
+        classic_sidecar: a.classic_sidecar,
+        failure_policy: a.failure_policy,
+        wrap: a.wrap.clone(),
+        service_account: a.service_account.clone(),
+        exec_args: exec_flags(a.on_peer_change, &a.stall),
+        resources,
+        shm_size: a.shm_size.clone(),
+    })
+}
+
+/// The flags of the wrapped container's `trainlet exec`: `--report`, and those that
+/// differ from their defaults.
+fn exec_flags(on_peer_change: PeerChange, stall: &StallArgs) -> Vec<String> {
+    let mut args = vec![flags::long(flags::REPORT)];
+    if on_peer_change != defaults::ON_PEER_CHANGE {
+        args.push(flags::with_value(
+            flags::ON_PEER_CHANGE,
+            on_peer_change.name(),
+        ));
+    }
+    if let Some(d) = &stall.stall_after {
+        args.push(flags::with_value(flags::STALL_AFTER, d.trim()));
+    }
+    if stall.on_stall != defaults::ON_STALL {
+        args.push(flags::with_value(flags::ON_STALL, stall.on_stall.name()));
+    }
+    if let Some(p) = &stall.progress_pattern {
+        args.push(flags::with_value(flags::PROGRESS_PATTERN, p));
+    }
+    args
+}
+
+/// `--resources cpu=Q,memory=Q`: either may be left out, keeping its default.
+fn resources(spec: &str) -> Result<Resources, Failure> {
+    let bad = |why: String| Failure::usage(format!("invalid --resources {spec:?}: {why}"));
+    let mut r = Resources {
+        cpu: String::new(),
+        memory: String::new(),
+    };
+    for (key, value) in [defaults::RESOURCES, spec]
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|kv| !kv.trim().is_empty())
+        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+    {
+        let (key, value) = (key.trim(), value.trim());
+        if !is_quantity(value) {
+            return Err(bad(format!(
+                "{key}={value:?} is not a quantity such as 250m or 128Mi"
+            )));
+        }
+        match key {
+            "cpu" => r.cpu = value.to_string(),
+            "memory" => r.memory = value.to_string(),
+            _ => {
+                return Err(bad(format!(
+                    "unknown resource {key:?}; give cpu=Q,memory=Q"
+                )));
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The `trainlet init` flags for the injected init container: those that differ from
+/// their defaults, then `--install-to`.
+fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &str) -> Vec<String> {
+    use crate::flags::{self as f, with_value};
+    let mut init = Vec::new();
+    for j in &c.jobs {
+        init.push(with_value(f::JOB, j));
+    }
+    if let Some(m) = &c.job_to_label_mapping {
+        init.push(with_value(f::JOB_TO_LABEL_MAPPING, m));
+    }
+    if !c.expect.is_empty() {
+        init.push(with_value(f::EXPECT, c.expect.join(",")));
+    }
+    if let Some(ns) = &c.namespace {
+        init.push(with_value(f::NAMESPACE, ns));
+    }
+    if c.all_namespaces {
+        init.push(f::long(f::ALL_NAMESPACES));
+    }
+    if let Some(p) = c.port {
+        init.push(with_value(f::PORT, p));
+    }
+    if let Some(p) = &c.port_name {
+        init.push(with_value(f::PORT_NAME, p));
+    }
+    if c.address != defaults::ADDRESS {
+        init.push(with_value(f::ADDRESS, c.address.name()));
+    }
+    if c.cluster_domain != defaults::CLUSTER_DOMAIN {
+        init.push(with_value(f::CLUSTER_DOMAIN, &c.cluster_domain));
+    }
+    if c.order != defaults::ORDER {
+        init.push(with_value(f::ORDER, c.order.name()));
+    }
+    if c.ready != defaults::READY {
+        init.push(with_value(f::READY, c.ready.name()));
+    }
+    if c.rpc_layer != defaults::RPC_LAYER {
+        init.push(with_value(f::RPC_LAYER, &c.rpc_layer));
+    }
+    if let Some(e) = &c.environment {
+        init.push(with_value(f::ENVIRONMENT, e));
+    }
+    if output_dir != defaults::OUTPUT_DIR {
+        init.push(with_value(f::OUTPUT_DIR, output_dir));
+    }
+    init.push(with_value(f::INSTALL_TO, install_to));
+    if o.timeout != defaults::TIMEOUT {
+        init.push(with_value(f::TIMEOUT, &o.timeout));
+    }
+    if o.coordinate != defaults::COORDINATE {
+        init.push(with_value(f::COORDINATE, o.coordinate.name()));
+    }
+    // The variables of the frameworks chosen land in trainlet.env, which the wrapped
+    // container's `trainlet exec` (or a shell that sources it) starts with.
+    if o.frameworks != [Framework::Tensorflow] {
+        let mut names: Vec<String> = Vec::new();
+        for fw in &o.frameworks {
+            let name = fw.name();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        init.push(with_value(f::FRAMEWORK, names.join(",")));
+    }
+    if o.nproc_per_node != defaults::NPROC_PER_NODE {
+        init.push(with_value(f::NPROC_PER_NODE, &o.nproc_per_node));
+    }
+    if let Some(s) = &o.slots {
+        init.push(with_value(f::SLOTS, s));
+    }
+    if let Some(n) = &o.nnodes {
+        init.push(with_value(f::NNODES, n));
+    }
+    init
+}
+
+fn path_str(flag: &str, p: &Path) -> Result<String, Failure> {
+    let s = p
+        .to_str()
+        .ok_or_else(|| Failure::usage(format!("invalid --{flag}: not UTF-8")))?;
+    Ok(s.trim_end_matches('/').to_string())
+}

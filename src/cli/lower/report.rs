@@ -1,0 +1,221 @@
+//! The reporter's flags (`sidecar`, `exec --report`) into the engine's `Config`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use super::super::args::{ExecArgs, KubeArgs, ReportArgs, SidecarArgs, StallArgs};
+use super::super::defaults;
+use super::super::values::{Flag, PeerChange};
+use super::{kube_settings, parse_duration};
+use crate::Failure;
+use crate::flags;
+use crate::report::engine::{Config as ReportConfig, Mode};
+use crate::supervise::policy::Policy;
+use crate::supervise::progress::{Pattern, WatchConfig};
+
+/// `--metrics-addr`: `HOST:PORT`, `[::]:PORT`, or `off`.
+fn metrics_addr(value: &str) -> Result<Option<SocketAddr>, Failure> {
+    let v = value.trim();
+    if v.eq_ignore_ascii_case("off") || v.is_empty() {
+        return Ok(None);
+    }
+    v.parse().map(Some).map_err(|_| {
+        Failure::usage(format!(
+            "invalid --metrics-addr {value:?}: use HOST:PORT such as {}, or `off`",
+            defaults::metrics_addr()
+        ))
+    })
+}
+
+/// The reporter flags shared by `sidecar` and `exec --report`: no client, no NVML, no
+/// socket.
+pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<ReportConfig, Failure> {
+    let interval = parse_duration(flags::INTERVAL, &r.interval)?;
+    if interval < Duration::from_millis(100) {
+        return Err(Failure::usage(format!(
+            "invalid --interval {:?}: use at least 100ms, e.g. {}",
+            r.interval,
+            defaults::INTERVAL
+        )));
+    }
+    let min_patch_interval = parse_duration(flags::MIN_PATCH_INTERVAL, &r.min_patch_interval)?;
+    let metrics_addr = metrics_addr(&r.metrics_addr)?;
+    if let Some(lib) = &r.nvml_lib
+        && lib.as_os_str().is_empty()
+    {
+        return Err(Failure::usage(
+            "invalid --nvml-lib \"\": give the path of libnvidia-ml.so.1",
+        ));
+    }
+    if let Some(dir) = &r.observations
+        && !dir.is_dir()
+    {
+        return Err(Failure::usage(format!(
+            "invalid --observations {:?}: no such directory; mount the volume shared with the trainlet sidecar there",
+            dir.display().to_string()
+        )));
+    }
+    Ok(ReportConfig {
+        mode,
+        kube: kube_settings(kube)?,
+        nvml_lib: r.nvml_lib.clone(),
+        expect_gpus: r.expect_gpus,
+        container: r.container.clone().filter(|c| !c.is_empty()),
+        interval,
+        min_patch_interval,
+        metrics_addr,
+        ports: Vec::new(),
+        cgroup_root: None,
+        exit_with_main: false,
+        observations: r.observations.clone(),
+        cluster_file: None,
+        progress: None,
+        restart: Policy {
+            on_change: defaults::ON_PEER_CHANGE.into(),
+            on_stall: defaults::ON_STALL.into(),
+            max_restarts: defaults::MAX_RESTARTS,
+            grace: parse_duration(flags::RESTART_GRACE, defaults::RESTART_GRACE)?,
+            backoff: parse_duration(flags::RESTART_BACKOFF, defaults::RESTART_BACKOFF)?,
+            wait: None,
+        },
+    })
+}
+
+/// `exec --report` (implied by `--on-peer-change restart|exit`): the reporter flags
+/// plus what a peer change does. `cluster_file` is init's cluster.json, the peers to
+/// watch: there already, or (`resolving`) about to be written by exec's own init.
+pub fn exec_report_config(
+    a: &ExecArgs,
+    cluster_file: Option<&Path>,
+    resolving: bool,
+) -> Result<ReportConfig, Failure> {
+    let mut cfg = report_config(Mode::Exec, &a.report_args, &a.init.kube)?;
+    cfg.progress = progress_watch(&a.stall)?;
+    cfg.restart = Policy {
+        on_change: a.on_peer_change.into(),
+        on_stall: a.stall.on_stall.into(),
+        max_restarts: a.max_restarts,
+        grace: parse_duration(flags::RESTART_GRACE, &a.restart_grace)?,
+        backoff: parse_duration(flags::RESTART_BACKOFF, &a.restart_backoff)?,
+        wait: Some(parse_duration(flags::TIMEOUT, &a.init.output.timeout)?)
+            .filter(|t| !t.is_zero()),
+    };
+    if a.on_peer_change != PeerChange::Report {
+        let what = a.on_peer_change.name();
+        match cluster_file {
+            _ if resolving => {}
+            Some(f) if has_selectors(f) => {}
+            Some(f) => {
+                return Err(Failure::usage(format!(
+                    "--on-peer-change {what} needs the peers' selectors, and {} names none (written by an older trainlet init): run this version's trainlet init, or let exec resolve (remove tf_config.json and give --job or --selector)",
+                    f.display()
+                )));
+            }
+            None => {
+                return Err(Failure::usage(format!(
+                    "--on-peer-change {what} needs the peers' selectors: there is no cluster.json in --output-dir {} next to tf_config.json; run trainlet init (or let exec resolve: remove tf_config.json and give --job or --selector)",
+                    a.init.output.output_dir.display()
+                )));
+            }
+        }
+    }
+    cfg.cluster_file = cluster_file.map(Path::to_path_buf);
+    Ok(cfg)
+}
+
+/// Whether a cluster.json lists the selectors it was resolved with.
+fn has_selectors(f: &Path) -> bool {
+    crate::render::read_cluster_file(f).is_ok_and(|c| !c.selectors.is_empty())
+}
+
+/// `sidecar`: the reporter flags plus the ports to watch, the node's cgroups and
+/// `--exit-with-main`.
+pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
+    let mut cfg = report_config(Mode::Sidecar, &a.report, &a.kube)?;
+    if let Some(p) = a.ports.iter().find(|p| **p == 0) {
+        return Err(Failure::usage(format!(
+            "invalid --port {p}: give the container port to watch, e.g. {}",
+            defaults::PORT
+        )));
+    }
+    cfg.ports = a.ports.clone();
+    if let Some(root) = &a.cgroup_root
+        && !root.is_dir()
+    {
+        return Err(Failure::usage(format!(
+            "invalid --cgroup-root {}: not a directory (mount the node's /sys/fs/cgroup there read-only)",
+            root.display()
+        )));
+    }
+    cfg.cgroup_root = a.cgroup_root.clone();
+    cfg.exit_with_main = a.exit_with_main;
+    cfg.cluster_file = match a.cluster_file.as_deref().map(str::trim) {
+        None => Some(Path::new(defaults::OUTPUT_DIR).join(crate::render::CLUSTER_FILE)),
+        Some("" | "off") => None,
+        Some(f) => Some(f.into()),
+    };
+    Ok(cfg)
+}
+
+/// `--stall-after`, `--on-stall`, `--progress-pattern`: `None` when CMD's progress is
+/// not watched. `inject` checks them the same way before it writes them.
+pub fn progress_watch(a: &StallArgs) -> Result<Option<WatchConfig>, Failure> {
+    let stall_after = a
+        .stall_after
+        .as_deref()
+        .map(|d| parse_duration(flags::STALL_AFTER, d))
+        .transpose()?;
+    if stall_after.is_some_and(|d| d.is_zero()) {
+        return Err(Failure::usage(format!(
+            "invalid --{} 0: give how long CMD may make no progress, e.g. 10m",
+            flags::STALL_AFTER
+        )));
+    }
+    if a.on_stall != defaults::ON_STALL && stall_after.is_none() {
+        return Err(Failure::usage(format!(
+            "--{} {} acts on a stall, which --{} defines: pass --{} DURATION",
+            flags::ON_STALL,
+            a.on_stall.name(),
+            flags::STALL_AFTER,
+            flags::STALL_AFTER
+        )));
+    }
+    let pattern = Pattern::new(a.progress_pattern.as_deref()).map_err(|why| {
+        Failure::usage(format!(
+            "invalid --{} {:?}: {why}",
+            flags::PROGRESS_PATTERN,
+            a.progress_pattern.as_deref().unwrap_or_default()
+        ))
+    })?;
+    Ok(
+        (stall_after.is_some() || a.progress_pattern.is_some()).then_some(WatchConfig {
+            stall_after,
+            pattern,
+            heartbeat: None,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_addresses() {
+        assert_eq!(metrics_addr("off").unwrap(), None);
+        assert_eq!(
+            metrics_addr("0.0.0.0:9464").unwrap(),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(
+            metrics_addr("[::]:9464").unwrap(),
+            Some("[::]:9464".parse().unwrap())
+        );
+        let e = metrics_addr("localhost").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
+        );
+    }
+}

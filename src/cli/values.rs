@@ -1,0 +1,212 @@
+//! The values of trainlet's enumerated flags, as clap offers them and as `--help`
+//! describes them. The domain has its own enums, which know nothing of clap; each value
+//! here turns into the domain's with `From`, and [`Flag::name`] gives the spelling back
+//! for the command lines `inject` writes.
+
+use clap::ValueEnum;
+
+use crate::bootstrap::Coordinate;
+use crate::cluster::{AddressMode, OrderMode, ReadyMode};
+use crate::logging::LogFormat;
+use crate::render::frameworks;
+use crate::supervise::policy::{OnPeerChange, OnStall};
+
+/// A flag value's spelling, as clap parses it.
+pub trait Flag: ValueEnum {
+    fn name(&self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl<T: ValueEnum> Flag for T {}
+
+/// `--address`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Address {
+    /// The pod IP.
+    PodIp,
+    /// The node's host IP, for `hostNetwork` pods.
+    HostIp,
+    /// `<hostname>.<subdomain>.<namespace>.svc.<cluster-domain>`.
+    Dns,
+}
+
+impl From<Address> for AddressMode {
+    fn from(a: Address) -> Self {
+        match a {
+            Address::PodIp => AddressMode::PodIp,
+            Address::HostIp => AddressMode::HostIp,
+            Address::Dns => AddressMode::Dns,
+        }
+    }
+}
+
+/// `--order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Order {
+    /// The pods' own index (Job completion, StatefulSet, Kubeflow), else natural names.
+    Index,
+    /// TensorFlow's plain lexicographic order of names.
+    Name,
+}
+
+impl From<Order> for OrderMode {
+    fn from(o: Order) -> Self {
+        match o {
+            Order::Index => OrderMode::Index,
+            Order::Name => OrderMode::Name,
+        }
+    }
+}
+
+/// `--ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Ready {
+    /// Running, or still Pending in its init containers, with an address.
+    Running,
+    /// Also the pod's Ready condition.
+    Ready,
+}
+
+impl From<Ready> for ReadyMode {
+    fn from(r: Ready) -> Self {
+        match r {
+            Ready::Running => ReadyMode::Running,
+            Ready::Ready => ReadyMode::Ready,
+        }
+    }
+}
+
+/// `--coordinate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Coordination {
+    /// From 384 pods on, as far as this agent can tell.
+    Auto,
+    /// Always, also in small jobs.
+    Always,
+    /// Never: every agent watches every peer.
+    Never,
+}
+
+impl From<Coordination> for Coordinate {
+    fn from(c: Coordination) -> Self {
+        match c {
+            Coordination::Auto => Coordinate::Auto,
+            Coordination::Always => Coordinate::Always,
+            Coordination::Never => Coordinate::Never,
+        }
+    }
+}
+
+/// `--framework`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Framework {
+    /// TF_CONFIG, TRAINLET_TASK_TYPE and TRAINLET_TASK_INDEX, which `trainlet.env`
+    /// always holds: choosing it alone (the default) adds nothing else.
+    Tensorflow,
+    /// torch.env: MASTER_ADDR, WORLD_SIZE, RANK and torchrun's PET_* variables.
+    Pytorch,
+    /// jax.env: JAX_COORDINATOR_ADDRESS and the process count and id.
+    Jax,
+    /// mpi.env: TRAINLET_HOSTS for `horovodrun -H` (the hostfile is always written).
+    Mpi,
+}
+
+impl From<Framework> for frameworks::Framework {
+    fn from(f: Framework) -> Self {
+        match f {
+            Framework::Tensorflow => frameworks::Framework::Tensorflow,
+            Framework::Pytorch => frameworks::Framework::Pytorch,
+            Framework::Jax => frameworks::Framework::Jax,
+            Framework::Mpi => frameworks::Framework::Mpi,
+        }
+    }
+}
+
+/// `--on-peer-change`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PeerChange {
+    /// Report the stale cluster (Events, `trainlet.io/cluster`, the metric); CMD runs on.
+    Report,
+    /// Stop CMD, wait for the cluster, rewrite the files, start CMD again.
+    Restart,
+    /// Stop CMD and exit 7, so the Job controller replaces the pod and its init
+    /// resolves the new cluster.
+    Exit,
+}
+
+impl From<PeerChange> for OnPeerChange {
+    fn from(p: PeerChange) -> Self {
+        match p {
+            PeerChange::Report => OnPeerChange::Report,
+            PeerChange::Restart => OnPeerChange::Restart,
+            PeerChange::Exit => OnPeerChange::Exit,
+        }
+    }
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Logs {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl From<Logs> for LogFormat {
+    fn from(l: Logs) -> Self {
+        match l {
+            Logs::Text => LogFormat::Text,
+            Logs::Json => LogFormat::Json,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The domain's names of its values are the flags' spellings.
+    #[test]
+    fn every_value_is_spelled_as_the_domain_names_it() {
+        for f in Framework::value_variants() {
+            assert_eq!(frameworks::Framework::from(*f).name(), f.name());
+        }
+        assert_eq!(Address::HostIp.name(), "host-ip");
+        assert_eq!(Coordination::Never.name(), "never");
+        assert_eq!(PeerChange::Restart.name(), "restart");
+    }
+}
+
+/// `status --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// A table of the pods and the verdict.
+    Table,
+    /// `{"state":…,"verdict":…,"pods":[…]}`.
+    Json,
+}
+
+/// `exec --on-stall`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Stall {
+    /// The `Stalled` Event, `trainlet.io/progress` and the metrics; CMD runs on.
+    Report,
+    /// Stop CMD and start it again, in every pod of the job.
+    Restart,
+    /// Stop CMD and exit 8, so that the Job controller replaces the pod.
+    Exit,
+}
+
+impl From<Stall> for OnStall {
+    fn from(s: Stall) -> Self {
+        match s {
+            Stall::Report => OnStall::Report,
+            Stall::Restart => OnStall::Restart,
+            Stall::Exit => OnStall::Exit,
+        }
+    }
+}

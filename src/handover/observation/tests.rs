@@ -1,0 +1,249 @@
+use super::*;
+use crate::report::probe::ports::ConflictReason;
+
+fn sample() -> Observation {
+    Observation {
+        version: VERSION,
+        epoch: "812-1763800000123".into(),
+        interval_ms: 5000,
+        exited: None,
+        gpu: GpuObservation {
+            unavailable: None,
+            driver: Some("550.54.15".into()),
+            devices: (0..4)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    name: "Fake GPU".into(),
+                    memory_total_bytes: 16 << 30,
+                })
+                .collect(),
+            seen: 4,
+            lost: None,
+        },
+        xids: vec![XidCountObservation {
+            error: XidError {
+                gpu: 2,
+                uuid: "GPU-2".into(),
+                xid: 79,
+            },
+            count: 2,
+        }],
+        ports: vec![PortEntry {
+            port: 8470,
+            state: PortState::Conflict {
+                reason: ConflictReason::ForeignProcess,
+                owner: Some(Owner {
+                    pid: 7,
+                    comm: "nc".into(),
+                }),
+            },
+        }],
+        kills: vec![KillObservation {
+            seq: 1,
+            time: "2026-11-22T10:00:00Z".into(),
+            process: Some(Owner {
+                pid: 812,
+                comm: "python".into(),
+            }),
+            group: false,
+            memory_usage: Some(1 << 30),
+            memory_peak: None,
+            memory_limit: Some("1Gi".into()),
+        }],
+        errors: BTreeMap::new(),
+        restart: Some(RestartObservation {
+            restarts: 1,
+            note: "restarting python (1 of 3) in 10s: the cluster changed (stale: worker/1 10.0.0.7 → none)".into(),
+            waiting: true,
+        }),
+        progress: Some(ProgressObservation {
+            at_ms: Some(1_763_800_000_000),
+            step: Some(145.0),
+            stalled: true,
+            since_ms: Some(1_763_800_000_000),
+            stalls: 1,
+            after_ms: Some(300_000),
+            note: "no progress for 5m; last step 145 in \"step 145\"".into(),
+        }),
+    }
+}
+
+fn json(o: &Observation) -> Vec<u8> {
+    serde_json::to_vec(o).unwrap()
+}
+
+#[test]
+fn an_observation_round_trips_exactly() {
+    let o = sample();
+    assert_eq!(parse(&json(&o), "exec.json"), Ok(o.clone()));
+    assert_eq!(o.gpu_info().count(), 4);
+    assert_eq!(o.xids[0].count, 2);
+    assert!(o.port_states()[&8470].is_conflict());
+    let unavailable = Observation {
+        gpu: GpuObservation {
+            unavailable: Some(Unavailable::InitFailed {
+                why: "Unknown Error".into(),
+            }),
+            devices: vec![],
+            ..o.gpu.clone()
+        },
+        ..o
+    };
+    let back = parse(&json(&unavailable), "exec.json").unwrap();
+    assert_eq!(
+        back.gpu_info().nvml_status(),
+        "unavailable: init failed: Unknown Error"
+    );
+}
+
+#[test]
+fn garbage_oversized_and_hostile_observations_are_rejected_with_a_reason() {
+    let r = |b: &[u8]| parse(b, "exec.json").unwrap_err();
+    assert_eq!(r(b"\x00\xffnot json").reason(), "malformed");
+    assert_eq!(
+        r(b"{\"version\":1").to_string(),
+        "exec.json is not an observation of format 1: truncated JSON at line 1 column 12"
+    );
+    assert_eq!(r(&vec![b' '; MAX_BYTES + 1]).reason(), "too-large");
+    // An unknown field: not this format.
+    let mut v: serde_json::Value = serde_json::from_slice(&json(&sample())).unwrap();
+    v["token"] = "stolen".into();
+    assert_eq!(r(v.to_string().as_bytes()).reason(), "malformed");
+    let bad = |f: &dyn Fn(&mut Observation)| {
+        let mut o = sample();
+        f(&mut o);
+        r(&json(&o))
+    };
+    assert_eq!(
+        bad(&|o| o.version = 2).to_string(),
+        "exec.json: format 2 is not 1"
+    );
+    assert_eq!(bad(&|o| o.epoch = "../x".into()).reason(), "invalid");
+    assert_eq!(
+        bad(&|o| o.gpu.devices[0].name = "Fake\nGPU".into()).to_string(),
+        "exec.json: gpu.devices.name holds control characters"
+    );
+    // Text that hides or reorders what a person reads in kubectl describe: a
+    // right-to-left override, a zero-width space, a line separator, a BOM.
+    for (c, code) in [
+        ('\u{202E}', "202E"),
+        ('\u{200B}', "200B"),
+        ('\u{2028}', "2028"),
+        ('\u{FEFF}', "FEFF"),
+    ] {
+        assert_eq!(
+            bad(&|o| o.gpu.devices[0].name = format!("NVIDIA {c}H100")).to_string(),
+            format!(
+                "exec.json: gpu.devices.name holds an invisible or reordering character (U+{code})"
+            )
+        );
+        assert_eq!(
+            bad(&|o| {
+                o.errors.insert("gpu".into(), format!("failed{c}"));
+            })
+            .reason(),
+            "invalid"
+        );
+    }
+    // Letters of any script are fine.
+    let mut o = sample();
+    o.gpu.devices[0].name = "NVIDIA H100 — 加速器 é".into();
+    assert!(parse(&json(&o), "exec.json").is_ok());
+    assert_eq!(
+        bad(&|o| o.gpu.devices[0].uuid = "x".repeat(97)).to_string(),
+        "exec.json: gpu.devices.uuid is longer than 96 bytes"
+    );
+    assert_eq!(
+        bad(&|o| o.gpu.devices = vec![o.gpu.devices[0].clone(); 65]).to_string(),
+        "exec.json: more than 64 GPUs"
+    );
+    assert_eq!(
+        bad(&|o| o.kills.push(o.kills[0].clone())).to_string(),
+        "exec.json: kills are not numbered in increasing order"
+    );
+    assert_eq!(
+        bad(&|o| o.kills[0].time = "yesterday".into()).to_string(),
+        "exec.json: a kill's time is not RFC 3339"
+    );
+    assert_eq!(
+        bad(&|o| o.ports[0].port = 0).to_string(),
+        "exec.json: port 0"
+    );
+    assert_eq!(
+        bad(&|o| o.interval_ms = 0).to_string(),
+        "exec.json: interval_ms is not between 100 and 3600000"
+    );
+}
+
+#[test]
+fn news_announces_each_kill_and_xid_once_per_epoch() {
+    let mut p = Published::default();
+    let o = sample();
+    let n = news(&mut p, &o);
+    assert_eq!(n.kills.len(), 1);
+    assert_eq!(n.xids, [(o.xids[0].error.clone(), 2)]);
+    assert_eq!(
+        n.restart.as_deref(),
+        Some(
+            "restarting python (1 of 3) in 10s: the cluster changed (stale: worker/1 10.0.0.7 → none)"
+        )
+    );
+    // The same version again (a re-read): nothing new.
+    assert_eq!(news(&mut p, &o), News::default());
+    // One more occurrence and one more kill.
+    let mut o2 = o.clone();
+    o2.xids[0].count = 3;
+    o2.kills.push(KillObservation {
+        seq: 2,
+        ..o.kills[0].clone()
+    });
+    let n = news(&mut p, &o2);
+    assert_eq!(n.kills.iter().map(|k| k.seq).collect::<Vec<_>>(), [2]);
+    assert_eq!(n.xids, [(o.xids[0].error.clone(), 1)]);
+    // A restarted exec: a new epoch whose counters start again.
+    let mut o3 = o.clone();
+    o3.epoch = "900-1763800099000".into();
+    let n = news(&mut p, &o3);
+    assert_eq!(n.kills.len(), 1);
+    assert_eq!(n.xids[0].1, 2);
+    assert_eq!(p.epoch, "900-1763800099000");
+}
+
+#[test]
+fn the_reader_takes_the_file_and_refuses_links_fifos_and_giants() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(read(dir.path()), Ok(None));
+    write(dir.path(), &sample()).unwrap();
+    assert_eq!(read(dir.path()).unwrap().unwrap().observation, sample());
+    let target = dir.path().join("secret");
+    std::fs::write(&target, "token").unwrap();
+    let f = dir.path().join(FILE);
+    std::fs::remove_file(&f).unwrap();
+    std::os::unix::fs::symlink(&target, &f).unwrap();
+    assert_eq!(read(dir.path()).unwrap_err().reason(), "not-a-file");
+    std::fs::remove_file(&f).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&f)
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(read(dir.path()).unwrap_err().reason(), "not-a-file");
+    std::fs::remove_file(&f).unwrap();
+    std::fs::write(&f, vec![b'{'; MAX_BYTES + 10]).unwrap();
+    assert_eq!(read(dir.path()).unwrap_err().reason(), "too-large");
+}
+
+#[tokio::test]
+async fn the_watch_wakes_when_a_new_version_is_renamed_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = crate::watch::FileWatch::entry(dir.path(), FILE).unwrap();
+    std::fs::write(dir.path().join("other"), "x").unwrap();
+    write(dir.path(), &sample()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), w.wait())
+        .await
+        .expect("woken within 5 s")
+        .unwrap();
+}

@@ -1,0 +1,103 @@
+//! The handover's other direction: the sidecar tells `trainlet exec`, which holds no API
+//! credentials, where the cluster stands.
+//!
+//! The sidecar watches the peers ([`crate::cluster::drift`]) and writes `peers.json`
+//! next to the cluster files it shares with the training container (init's output
+//! directory, which the training container only reads): the `trainlet.io/cluster` text
+//! and a generation. When exec (`--on-peer-change restart`) has stopped CMD and waits
+//! (its observation says so) and every task has a live pod again, the sidecar moves the
+//! files to the replacements' addresses ([`crate::render::rehost`]), then writes a
+//! higher generation, `current`: exec starts CMD again from the new files.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::file;
+use crate::cluster::drift::ANNOTATION_MAX;
+use crate::render::{self, OutputError};
+
+/// The file's name, in init's output directory.
+pub const FILE: &str = render::PEERS_FILE;
+/// The format's version.
+pub const VERSION: u32 = 1;
+/// The largest file read: `cluster` holds what `trainlet.io/cluster` does, at most
+/// [`ANNOTATION_MAX`] bytes, JSON-escaped.
+const MAX_BYTES: usize = 4 * ANNOTATION_MAX;
+
+/// Where the cluster stands, as the sidecar's peer watch sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersState {
+    pub version: u32,
+    /// Raised each time the sidecar has moved the files for a waiting exec.
+    pub generation: u64,
+    /// `current`, or `stale: …`, as `trainlet.io/cluster`.
+    pub cluster: String,
+    /// The peers that publish a stall (`trainlet.io/progress`), for exec's
+    /// `--on-stall restart`: at most [`MAX_STALLED`], the earliest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stalled: Vec<StalledPeer>,
+}
+
+/// The most stalled peers `peers.json` lists: exec acts on the earliest.
+pub const MAX_STALLED: usize = 16;
+
+/// A peer that makes no progress, since when (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StalledPeer {
+    pub pod: String,
+    pub since_ms: u64,
+}
+
+impl PeersState {
+    pub fn is_current(&self) -> bool {
+        self.cluster == "current"
+    }
+}
+
+/// Writes the state atomically.
+pub fn write(dir: &Path, s: &PeersState) -> Result<(), OutputError> {
+    let json = serde_json::to_vec(s).expect("plain data");
+    file::write(dir, FILE, &json)
+}
+
+/// Reads the state, bounded and guarded as the other handover file
+/// ([`file::read_bounded`]); `None` when there is none (yet) or it is not one, which
+/// exec treats as "nothing known": it keeps CMD running.
+pub fn read(dir: &Path) -> Option<PeersState> {
+    let (bytes, _) = file::read_bounded(&dir.join(FILE), MAX_BYTES).ok()??;
+    serde_json::from_slice::<PeersState>(&bytes)
+        .ok()
+        .filter(|s| s.version == VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_round_trips_and_anything_else_is_nothing_known() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()), None);
+        let s = PeersState {
+            version: VERSION,
+            generation: 2,
+            cluster: "stale: worker/1 10.0.0.7 → none".into(),
+            stalled: vec![StalledPeer {
+                pod: "w-2".into(),
+                since_ms: 1_000,
+            }],
+        };
+        write(dir.path(), &s).unwrap();
+        assert_eq!(read(dir.path()), Some(s.clone()));
+        assert!(!s.is_current());
+        std::fs::write(
+            dir.path().join(FILE),
+            r#"{"version":2,"generation":1,"cluster":"current"}"#,
+        )
+        .unwrap();
+        assert_eq!(read(dir.path()), None);
+    }
+}

@@ -1,0 +1,419 @@
+//! The pure part of `inject`: YAML text in, YAML text and notes out, for one config.
+//! No file, no environment, no clock: the same input gives the same bytes.
+
+use std::fmt;
+
+use super::yaml::{self, Chunk, Node};
+pub use parts::METRICS_PORT_NAME;
+
+mod parts;
+mod policy;
+mod template;
+
+/// Names that mark what inject owns in a pod template: finding them again is what makes
+/// a second inject replace rather than add.
+pub const INIT_CONTAINER: &str = "trainlet-init";
+pub const SIDECAR: &str = "trainlet";
+pub const VOLUME: &str = "trainlet";
+/// The observation handover (`--observations`): written by the wrapped container's
+/// `trainlet exec`, read by the sidecar. Separate from [`VOLUME`], which the training
+/// container only reads.
+pub const OBSERVED_VOLUME: &str = "trainlet-observed";
+/// The memory-backed `/dev/shm` of `--shm-size`.
+pub const SHM_VOLUME: &str = "trainlet-shm";
+/// Where every container's shared memory is.
+pub const SHM_PATH: &str = "/dev/shm";
+/// The projected ServiceAccount token, mounted only into trainlet's own containers.
+pub const TOKEN_VOLUME: &str = "trainlet-token";
+/// Where the token goes: the in-cluster path every Kubernetes client reads.
+pub const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The kubelet's own choice for the automounted token: an hour, plus 7 s so that a
+/// client can tell it from a token requested for exactly an hour.
+const TOKEN_SECONDS: i64 = 3607;
+/// Where the image puts the binary (docker/Dockerfile).
+pub const BINARY: &str = "/usr/local/bin/trainlet";
+/// The UID of distroless `nonroot`, which the image runs as.
+pub const UID: i64 = 65532;
+
+/// What to inject, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// trainlet's image.
+    pub image: String,
+    /// The `trainlet init` arguments after `init`, e.g. `--job=ps=app=x`.
+    pub init_args: Vec<String>,
+    /// The `trainlet sidecar` arguments after `sidecar`.
+    pub sidecar_args: Vec<String>,
+    /// Mount path of the shared emptyDir (init's --output-dir).
+    pub output_dir: String,
+    /// Mount path of the observation handover volume (`--observations`).
+    pub observations_dir: String,
+    /// Where init copies the binary (its --install-to), inside `output_dir`.
+    pub install_to: String,
+    /// A regular container with `--exit-with-main` instead of a native sidecar.
+    pub classic_sidecar: bool,
+    /// The container whose command runs under `trainlet exec --report --`.
+    pub wrap: Option<String>,
+    /// The ServiceAccount bound to trainlet's Role, set where a template has none.
+    pub service_account: String,
+    /// The environment of the wrapped container, after trainlet's own variables are
+    /// removed from it (`TRAINLET_OUTPUT_DIR`, `TRAINLET_METRICS_ADDR`).
+    pub wrap_env: Vec<(String, String)>,
+    /// The port of the sidecar's `/metrics`, for the Prometheus scrape annotations.
+    pub metrics_port: u16,
+    /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
+    pub failure_policy: bool,
+    /// The flags of the wrapped container's `trainlet exec`, from `--report` on.
+    pub exec_args: Vec<String>,
+    /// CPU and memory of trainlet's containers, requests and limits alike.
+    pub resources: Resources,
+    /// The size of a memory-backed `/dev/shm` for the pod's containers, if any.
+    pub shm_size: Option<String>,
+}
+
+/// CPU and memory quantities, checked ([`super::quantity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    pub cpu: String,
+    pub memory: String,
+}
+
+/// Something the user should know about one document; printed on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// 1-based document number.
+    pub doc: usize,
+    /// e.g. `batch/v1 Job "mnist-ps"`.
+    pub what: String,
+    pub text: String,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {} ({}): {}", self.doc, self.what, self.text)
+    }
+}
+
+/// Why a stream cannot be injected. Each names what the user can fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    #[error("invalid YAML in document {doc} at line {line}, column {column}: {message}")]
+    Syntax {
+        doc: usize,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// The container to wrap runs its image's ENTRYPOINT, which inject cannot see.
+    #[error(
+        "cannot wrap container {container:?} of {what} (document {doc}): {}",
+        Self::IMPLICIT_ENTRYPOINT
+    )]
+    ImplicitEntrypoint {
+        doc: usize,
+        what: String,
+        container: String,
+    },
+    /// No pod template has the container to wrap.
+    #[error("no pod template has a container {container:?} to wrap (found: {found})")]
+    WrapNotFound { container: String, found: String },
+    #[error("{what} (document {doc}): {why}")]
+    Shape {
+        doc: usize,
+        what: String,
+        why: String,
+    },
+}
+
+impl TransformError {
+    /// Why a container without `command` cannot be wrapped, and what to do.
+    pub const IMPLICIT_ENTRYPOINT: &str = "it has no `command`, so it runs its image's ENTRYPOINT, which inject cannot see; give the program explicitly, e.g. `command: [python, train.py]`, and inject again";
+}
+
+/// The result of a whole stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub yaml: String,
+    pub notes: Vec<Note>,
+}
+
+/// Injects every pod template in a stream of documents.
+///
+/// Documents that come out unchanged (other kinds, or already injected with this same
+/// config) are written back byte for byte, comments included; that is also what makes
+/// a second inject give exactly the output of the first. Changed documents are written
+/// anew in block style, and lose their comments.
+pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
+    let mut out = Output {
+        yaml: String::new(),
+        notes: Vec::new(),
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let mut doc = 0;
+    let mut wrapped = 0;
+    let mut containers_seen: Vec<String> = Vec::new();
+    for chunk in yaml::split_documents(src) {
+        if chunk.text.trim().is_empty() {
+            continue;
+        }
+        let nodes = parse(&chunk, doc + 1)?;
+        if nodes.is_empty() {
+            // Only comments: keep them.
+            parts.push(chunk.text.to_string());
+            continue;
+        }
+        let mut changed = false;
+        let mut emitted = String::new();
+        for (i, node) in nodes.iter().enumerate() {
+            doc += 1;
+            let mut new = node.clone();
+            let mut ctx = Ctx {
+                cfg,
+                doc,
+                notes: &mut out.notes,
+                wrapped: &mut wrapped,
+                containers_seen: &mut containers_seen,
+            };
+            ctx.document(&mut new)?;
+            changed |= new != *node;
+            if i > 0 {
+                emitted.push_str("---\n");
+            }
+            emitted.push_str(&yaml::emit(&new));
+        }
+        parts.push(if changed {
+            emitted
+        } else {
+            chunk.text.to_string()
+        });
+    }
+    if let Some(c) = &cfg.wrap
+        && wrapped == 0
+    {
+        containers_seen.dedup();
+        return Err(TransformError::WrapNotFound {
+            container: c.clone(),
+            found: if containers_seen.is_empty() {
+                "no containers".into()
+            } else {
+                containers_seen.join(", ")
+            },
+        });
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.yaml.push_str("---\n");
+        }
+        out.yaml.push_str(p);
+        if !p.ends_with('\n') {
+            out.yaml.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn parse(chunk: &Chunk<'_>, doc: usize) -> Result<Vec<Node>, TransformError> {
+    yaml::parse(chunk).map_err(|e| TransformError::Syntax {
+        doc,
+        line: e.line,
+        column: e.column,
+        message: e.message,
+    })
+}
+
+struct Ctx<'a> {
+    cfg: &'a InjectConfig,
+    doc: usize,
+    notes: &'a mut Vec<Note>,
+    wrapped: &'a mut usize,
+    containers_seen: &'a mut Vec<String>,
+}
+
+/// `batch/v1 Job "mnist-ps"`, for notes and errors.
+fn describe(node: &Node) -> String {
+    let av = node.get("apiVersion").and_then(Node::as_str).unwrap_or("?");
+    let kind = node.get("kind").and_then(Node::as_str).unwrap_or("?");
+    match node
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Node::as_str)
+    {
+        Some(n) => format!("{av} {kind} {n:?}"),
+        None => format!("{av} {kind}"),
+    }
+}
+
+/// The path from a resource to its pod template, by apiVersion and kind. Only the core
+/// workload kinds: a custom resource with the same kind name (say a Volcano `Job`) has
+/// another shape and passes through.
+fn template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
+    Some(match (api_version, kind) {
+        ("v1", "Pod") => &[],
+        ("batch/v1", "Job")
+        | ("apps/v1", "StatefulSet")
+        | ("apps/v1", "Deployment")
+        | ("apps/v1", "ReplicaSet") => &["spec", "template"],
+        ("batch/v1", "CronJob") => &["spec", "jobTemplate", "spec", "template"],
+        _ => return None,
+    })
+}
+
+/// The mapping at `path` below `node`, if every step is a mapping.
+fn descend<'n>(node: &'n mut Node, path: &[&str]) -> Option<&'n mut Node> {
+    match path.split_first() {
+        None => Some(node),
+        Some((key, rest)) => match node.get_mut(key) {
+            Some(t @ Node::Map(_)) => descend(t, rest),
+            _ => None,
+        },
+    }
+}
+
+/// JobSet (`jobset.x-k8s.io`): a pod template in every replicated job, at
+/// `spec.replicatedJobs[*].template.spec.template`.
+fn is_jobset(api_version: &str, kind: &str) -> bool {
+    kind == "JobSet" && api_version.starts_with("jobset.x-k8s.io/")
+}
+
+impl Ctx<'_> {
+    fn note(&mut self, what: String, text: impl Into<String>) {
+        self.notes.push(Note {
+            doc: self.doc,
+            what,
+            text: text.into(),
+        });
+    }
+
+    fn shape(&self, what: &str, why: impl Into<String>) -> TransformError {
+        TransformError::Shape {
+            doc: self.doc,
+            what: what.to_string(),
+            why: why.into(),
+        }
+    }
+
+    fn document(&mut self, node: &mut Node) -> Result<(), TransformError> {
+        let what = describe(node);
+        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
+        let av = node
+            .get("apiVersion")
+            .and_then(Node::as_str)
+            .unwrap_or_default();
+        if kind == "List" || kind.ends_with("List") && node.get("items").is_some() {
+            let Some(Node::Seq(items)) = node.get_mut("items") else {
+                self.note(what, "no items; passed through unchanged");
+                return Ok(());
+            };
+            let mut n = 0;
+            for item in items.iter_mut() {
+                n += usize::from(self.resource(item)?);
+            }
+            if n == 0 {
+                self.note(
+                    what,
+                    "no pod template in its items; passed through unchanged",
+                );
+            }
+            return Ok(());
+        }
+        if template_path(av, kind).is_none() && !is_jobset(av, kind) {
+            self.note(what, "no pod template; passed through unchanged");
+            return Ok(());
+        }
+        self.resource(node)?;
+        Ok(())
+    }
+
+    /// Injects every replicated job's pod template of a JobSet.
+    fn jobset(&mut self, node: &mut Node, what: String) -> Result<bool, TransformError> {
+        let path = ["template", "spec", "template"];
+        let Some(Node::Seq(rjobs)) = node
+            .get_mut("spec")
+            .and_then(|s| s.get_mut("replicatedJobs"))
+        else {
+            self.note(what, "has no spec.replicatedJobs; passed through unchanged");
+            return Ok(false);
+        };
+        let mut changed = false;
+        let mut found = false;
+        for rjob in rjobs.iter_mut() {
+            if descend(rjob, &path).is_none() {
+                continue;
+            }
+            found = true;
+            let before = rjob.clone();
+            let template = descend(rjob, &path).expect("found above");
+            self.pod_template(template, &what)?;
+            if self.cfg.failure_policy
+                && let Some(job_spec) = descend(rjob, &["template", "spec"])
+            {
+                self.failure_policy(job_spec, &what)?;
+            }
+            changed |= *rjob != before;
+        }
+        if !found {
+            self.note(
+                what,
+                "has no spec.replicatedJobs[*].template.spec.template; passed through unchanged",
+            );
+            return Ok(false);
+        }
+        self.note(
+            what,
+            if changed {
+                "injected"
+            } else {
+                "already injected; unchanged"
+            },
+        );
+        Ok(true)
+    }
+
+    /// Injects one resource; false (with a note) when it has no pod template.
+    fn resource(&mut self, node: &mut Node) -> Result<bool, TransformError> {
+        let what = describe(node);
+        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
+        let av = node
+            .get("apiVersion")
+            .and_then(Node::as_str)
+            .unwrap_or_default();
+        if is_jobset(av, kind) {
+            return self.jobset(node, what);
+        }
+        let Some(path) = template_path(av, kind) else {
+            self.note(what, "no pod template; passed through unchanged");
+            return Ok(false);
+        };
+        let is_job = (av, kind) == ("batch/v1", "Job");
+        let whole = node.clone();
+        let mut template = &mut *node;
+        for key in path {
+            match template.get_mut(key) {
+                Some(t @ Node::Map(_)) => template = t,
+                _ => {
+                    self.note(
+                        what,
+                        format!("has no {}; passed through unchanged", path.join(".")),
+                    );
+                    return Ok(false);
+                }
+            }
+        }
+        self.pod_template(template, &what)?;
+        if self.cfg.failure_policy
+            && is_job
+            && let Some(job_spec) = descend(node, &["spec"])
+        {
+            self.failure_policy(job_spec, &what)?;
+        }
+        self.note(
+            what,
+            if *node == whole {
+                "already injected; unchanged"
+            } else {
+                "injected"
+            },
+        );
+        Ok(true)
+    }
+}

@@ -1,0 +1,144 @@
+//! `trainlet.io/progress`: what a pod's reporter publishes of its CMD's progress
+//! (`trainlet exec --stall-after`), and what its peers read from it: whether it is
+//! stalled, and since when, so that every pod restarts once for one stall.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::handover::observation::ProgressObservation;
+
+/// `trainlet.io/progress`: the last progress (refreshed at most every
+/// [`PUBLISH_EVERY`] while nothing else changes), the step, and whether CMD is stalled
+/// and since when. Peers read `stalled` and `since` to restart for a stall once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Annotation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<f64>,
+    pub stalled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(default)]
+    pub stalls: u64,
+}
+
+/// How stale the published last progress may get while nothing else changes: the
+/// annotation is a patch of the pod, and a job of a thousand pods that printed every
+/// second must not patch them every second.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(60);
+
+/// The annotation for `o`, keeping `previous`'s time of last progress unless it is
+/// older than [`PUBLISH_EVERY`] (or half `--stall-after`, if shorter) or the stall
+/// state changed.
+pub fn annotation(
+    o: &ProgressObservation,
+    previous: Option<&Annotation>,
+    stall_after: Option<Duration>,
+) -> Annotation {
+    let rfc =
+        |t_ms: u64| crate::report::probe::oom::rfc3339(UNIX_EPOCH + Duration::from_millis(t_ms));
+    let every = stall_after.map_or(PUBLISH_EVERY, |d| (d / 2).min(PUBLISH_EVERY));
+    let fresh = Annotation {
+        at: o.at_ms.map(rfc),
+        step: o.step,
+        stalled: o.stalled,
+        // To the millisecond: peers compare it with when their CMD last started.
+        since: o.since_ms.map(|t| {
+            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(t)).to_string()
+        }),
+        stalls: o.stalls,
+    };
+    let Some(prev) = previous else {
+        return fresh;
+    };
+    if prev.stalled != fresh.stalled || prev.stalls != fresh.stalls {
+        return fresh;
+    }
+    let prev_ms = prev
+        .at
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .map(ms);
+    match (prev_ms, o.at_ms) {
+        (Some(p), Some(now)) if now.saturating_sub(p) < every.as_millis() as u64 => prev.clone(),
+        _ => fresh,
+    }
+}
+
+/// A peer's last published stall: since when it made no progress. Also after the
+/// stall ended: `--on-stall restart` ends it within seconds, and a peer must restart
+/// once for it even if its watch saw only the version after.
+pub fn peer_stall(text: &str) -> Option<SystemTime> {
+    let a: Annotation = serde_json::from_str(text).ok()?;
+    a.since
+        .as_deref()
+        .and_then(|s| humantime::parse_rfc3339(s).ok())
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(at_s: Option<u64>, stalled: bool, stalls: u64) -> ProgressObservation {
+        ProgressObservation {
+            at_ms: at_s.map(|s| s * 1000),
+            step: Some(3.0),
+            stalled,
+            since_ms: stalled.then_some(1_000_000),
+            stalls,
+            after_ms: None,
+            note: String::new(),
+        }
+    }
+    #[test]
+    fn the_annotation_refreshes_the_time_only_so_often() {
+        let first = annotation(
+            &obs(Some(1_000), false, 0),
+            None,
+            Some(Duration::from_secs(600)),
+        );
+        assert_eq!(
+            serde_json::to_string(&first).unwrap(),
+            r#"{"at":"1970-01-01T00:16:40Z","step":3.0,"stalled":false,"stalls":0}"#
+        );
+        // 30 s later: kept (every 60 s at most).
+        assert_eq!(
+            annotation(
+                &obs(Some(1_030), false, 0),
+                Some(&first),
+                Some(Duration::from_secs(600))
+            ),
+            first
+        );
+        // A short --stall-after refreshes at half of it.
+        let short = annotation(
+            &obs(Some(1_006), false, 0),
+            Some(&first),
+            Some(Duration::from_secs(10)),
+        );
+        assert_eq!(short.at.as_deref(), Some("1970-01-01T00:16:46Z"));
+        // A stall is published at once, with since when.
+        let stalled = annotation(
+            &obs(Some(1_001), true, 1),
+            Some(&first),
+            Some(Duration::from_secs(600)),
+        );
+        assert_eq!(
+            serde_json::to_string(&stalled).unwrap(),
+            r#"{"at":"1970-01-01T00:16:41Z","step":3.0,"stalled":true,"since":"1970-01-01T00:16:40.000Z","stalls":1}"#
+        );
+        assert_eq!(
+            peer_stall(&serde_json::to_string(&stalled).unwrap()),
+            Some(UNIX_EPOCH + Duration::from_secs(1000))
+        );
+        assert_eq!(peer_stall(&serde_json::to_string(&first).unwrap()), None);
+        assert_eq!(peer_stall("not json"), None);
+    }
+}

@@ -1,0 +1,102 @@
+//! The GPUs as this reporter sees them: NVML's answer at each probe, the most it has
+//! shown at once (fewer later is a loss), and NVML's events (XID errors, a lost GPU)
+//! from the thread that blocks on them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tracing::warn;
+
+use super::{Engine, handover};
+use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent};
+use crate::report::probe::gpu::xid::XidLedger;
+use crate::report::probe::gpu::{GpuInfo, GpuProbe};
+
+pub(super) struct Gpus {
+    lib: Option<PathBuf>,
+    probe: GpuProbe,
+    /// The latest probe.
+    pub(super) info: GpuInfo,
+    /// The most GPUs NVML has shown at once: fewer later means GPUs were lost.
+    pub(super) seen: u32,
+    /// Why NVML's event thread said a GPU was lost, if it did.
+    pub(super) lost: Option<String>,
+    pub(super) xids: XidLedger,
+    events: Option<UnboundedReceiver<GpuEvent>>,
+    events_stop: Arc<AtomicBool>,
+}
+
+impl Gpus {
+    pub(super) fn new(lib: Option<PathBuf>) -> Gpus {
+        Gpus {
+            probe: GpuProbe::new(lib.clone()),
+            lib,
+            info: GpuInfo {
+                devices: Vec::new(),
+                driver: None,
+                nvml: Ok(()),
+            },
+            seen: 0,
+            lost: None,
+            xids: XidLedger::default(),
+            events: None,
+            events_stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub(super) fn probe(&mut self) {
+        self.info = self.probe.probe();
+        if self.info.nvml.is_ok() {
+            self.seen = self.seen.max(self.info.count());
+        }
+    }
+
+    /// Each GPU's utilization now, for the `Stalled` Event.
+    pub(super) fn utilization(&mut self) -> Vec<u32> {
+        self.probe.utilization()
+    }
+
+    /// Starts the NVML event thread (XID errors, a lost GPU).
+    pub(super) fn watch_events(&mut self) {
+        let (tx, rx) = unbounded_channel();
+        gpu_events::spawn(self.lib.clone(), tx, self.events_stop.clone());
+        self.events = Some(rx);
+    }
+
+    pub(super) fn stop_events(&mut self) {
+        self.events_stop.store(true, Ordering::Relaxed);
+        self.events = None;
+    }
+
+    /// The next NVML event, or never when the thread is not running.
+    pub(super) async fn next_event(&mut self) -> Option<GpuEvent> {
+        match &mut self.events {
+            Some(rx) => rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Engine {
+    /// One XID error is one Warning Event and one count; a lost GPU is announced by
+    /// the next evaluation.
+    pub(super) fn on_gpu_event(&mut self, ev: GpuEvent) {
+        match ev {
+            GpuEvent::Xid(e) => {
+                let n = self.gpus.xids.record(e.clone());
+                warn!(count = n, "{}", e.message());
+                self.metrics
+                    .gpu_xid_errors
+                    .get_or_create(&handover::xid_label(&e, self.gpus.xids.kept(&e)))
+                    .inc();
+                self.outbox.push(("GPUXidError", e.message()), true);
+            }
+            GpuEvent::Lost { why } => {
+                self.gpus.lost = Some(why);
+                self.gpus.events = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The reporter's side of the progress watch ([`crate::supervise::progress`]).
+//!
+//! exec: every `--interval` it looks at the heartbeat file and CMD's CPU time, checks
+//! for a stall, and on one writes the `Stalled` Event's note (what CMD did over the
+//! window: CPU, GPU utilization) and counts it; it acts on a stall (its own, or a
+//! peer's from the peer watch or `peers.json`) through the lifecycle. The sidecar
+//! publishes what exec handed over. Either publishes `trainlet.io/progress` and the
+//! progress metrics.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use super::{Engine, Mode};
+use crate::handover::observation::{MAX_TEXT, ProgressObservation};
+use crate::metrics::ContainerLabel;
+use crate::peers::progress::annotation;
+use crate::supervise::output::Watch;
+use crate::supervise::policy::OnStall;
+use crate::supervise::progress::{Progress, StallWatch, Transition, WatchConfig, stalled_note};
+
+/// exec's progress watch.
+pub(super) struct Watching {
+    pub watch: Arc<Watch>,
+    pub stall: Option<StallWatch>,
+    heartbeat: Option<PathBuf>,
+    /// CMD's CPU time (clock ticks) over time, for the window of a stall.
+    cpu: VecDeque<(SystemTime, u64)>,
+    /// The last `Stalled` Event's note.
+    pub note: String,
+    /// Since when CMD made no progress, in its last stall: still published after the
+    /// stall ends, so that a peer whose watch missed the short time a restarted stall
+    /// is published as one still restarts once for it.
+    last_stall: Option<SystemTime>,
+    /// When CMD last started: a peer's stall that began before it is one CMD was
+    /// already restarted for.
+    pub started: SystemTime,
+}
+
+impl Watching {
+    pub fn new(cfg: &WatchConfig, now: SystemTime) -> Watching {
+        Watching {
+            watch: Watch::new(cfg.pattern.clone()),
+            stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
+            heartbeat: cfg.heartbeat.clone(),
+            cpu: VecDeque::new(),
+            note: String::new(),
+            last_stall: None,
+            started: now,
+        }
+    }
+
+    /// What exec hands the sidecar, and publishes itself with credentials.
+    pub fn observation(&self) -> ProgressObservation {
+        let p = self.watch.progress();
+        let stalled = self.stall.as_ref().is_some_and(|s| s.stalled);
+        ProgressObservation {
+            at_ms: p.at.map(ms),
+            step: p.step,
+            stalled,
+            since_ms: match self.stall.as_ref() {
+                Some(s) if s.stalled => Some(ms(s.anchor(&p))),
+                _ => self.last_stall.map(ms),
+            },
+            stalls: self.stall.as_ref().map_or(0, |s| s.stalls),
+            after_ms: self.stall.as_ref().map(|s| s.after.as_millis() as u64),
+            note: crate::publish::truncate(&self.note, MAX_TEXT),
+        }
+    }
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// CPU use of CMD's tree over the window, in percent of a core, from the samples.
+fn cpu_percent(samples: &VecDeque<(SystemTime, u64)>, from: SystemTime) -> Option<f64> {
+    let (t1, c1) = *samples.back()?;
+    let (t0, c0) = *samples
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= from)
+        .or(samples.front())?;
+    let secs = t1.duration_since(t0).ok()?.as_secs_f64();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    (secs > 0.0).then(|| c1.saturating_sub(c0) as f64 / hz / secs * 100.0)
+}
+
+impl Engine {
+    /// exec, every `--interval`: the heartbeat, a CPU sample, and the stall check.
+    /// `ended`: CMD has exited, and only an end of a stall is news.
+    pub(super) fn check_progress(&mut self, ended: bool) {
+        let now = SystemTime::now();
+        let ticks: u64 = self.oom.tree.values().map(|p| p.cpu_ticks).sum();
+        let Some(w) = self.progress.as_mut() else {
+            return;
+        };
+        if let Some(mtime) = w
+            .heartbeat
+            .as_deref()
+            .and_then(|h| std::fs::metadata(h).ok())
+            .and_then(|m| m.modified().ok())
+            .filter(|m| *m > w.started)
+        {
+            w.watch.heartbeat(mtime);
+        }
+        w.cpu.push_back((now, ticks));
+        let keep = w.stall.as_ref().map_or(Duration::ZERO, |s| s.after) + self.cfg.interval * 2;
+        while w.cpu.len() > 2
+            && w.cpu
+                .front()
+                .is_some_and(|(t, _)| now.duration_since(*t).unwrap_or_default() > keep)
+        {
+            w.cpu.pop_front();
+        }
+        let progress = w.watch.progress();
+        let Some(stall) = w.stall.as_mut() else {
+            self.set_progress_metrics(&progress, None);
+            return;
+        };
+        if ended && !stall.stalled {
+            self.set_progress_metrics(&progress, Some(false));
+            return;
+        }
+        match stall.check(&progress, now) {
+            Some(Transition::Stalled { n }) => {
+                let anchor = stall.anchor(&progress);
+                let silent = now.duration_since(anchor).unwrap_or_default();
+                let cpu = cpu_percent(&w.cpu, anchor);
+                let gpus = self.gpus.utilization();
+                let w = self.progress.as_mut().expect("checked above");
+                w.last_stall = Some(anchor);
+                w.note = stalled_note(silent, &progress, cpu, &gpus);
+                warn!(stall = n, "{}", w.note);
+                let note = w.note.clone();
+                self.metrics.stalls.inc();
+                if self.outgoing.is_none() {
+                    self.outbox.push(("Stalled", note), true);
+                }
+            }
+            Some(Transition::Resumed) => info!("{} makes progress again", self.container_name()),
+            None => {}
+        }
+        let stalled = self
+            .progress
+            .as_ref()
+            .and_then(|w| w.stall.as_ref())
+            .map(|s| s.stalled);
+        self.set_progress_metrics(&progress, stalled);
+    }
+
+    /// `stalled`: `None` without `--stall-after`, when nothing is ever called stalled
+    /// and `trainlet_stalled` has no series.
+    pub(super) fn set_progress_metrics(&self, p: &Progress, stalled: Option<bool>) {
+        let label = ContainerLabel {
+            container: self.container_name(),
+        };
+        if let Some(stalled) = stalled {
+            self.metrics
+                .stalled
+                .get_or_create(&label)
+                .set(i64::from(stalled));
+        }
+        if let Some(at) = p.at {
+            let secs = at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.metrics.last_progress.get_or_create(&label).set(secs);
+        }
+        if let Some(step) = p.step {
+            self.metrics.progress_step.get_or_create(&label).set(step);
+        }
+    }
+
+    /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
+    /// own, or a peer's that began after CMD last started here (one that began before
+    /// is the one CMD was restarted for).
+    pub(super) fn act_on_stall(&self) -> Option<String> {
+        if self.cfg.mode != Mode::Exec || self.cfg.restart.on_stall == OnStall::Report {
+            return None;
+        }
+        let w = self.progress.as_ref()?;
+        if let Some(s) = w.stall.as_ref().filter(|s| s.stalled) {
+            return Some(format!(
+                "{} made no progress for {}",
+                self.container_name(),
+                humantime::format_duration(s.after)
+            ));
+        }
+        let peers: Vec<(String, SystemTime)> = match (&self.peers_in, &self.peers) {
+            (Some(p), _) => p.stalled(),
+            (None, Some(p)) => p.stalled(),
+            _ => Vec::new(),
+        };
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        peers
+            .into_iter()
+            .filter(|(pod, since)| Some(pod.as_str()) != own && *since > w.started)
+            .min_by_key(|(_, since)| *since)
+            .map(|(pod, since)| {
+                format!(
+                    "pod {pod} made no progress since {}",
+                    crate::report::probe::oom::rfc3339(since)
+                )
+            })
+    }
+
+    /// `trainlet.io/progress` as of now, for the annotations: exec's own progress
+    /// where it publishes, else (the sidecar) what exec handed over, whose metrics it
+    /// serves too.
+    pub(super) fn progress_annotation(&mut self) -> Option<String> {
+        let o = match (&self.progress, &self.inbox) {
+            (Some(w), _) if self.outgoing.is_none() => w.observation(),
+            (_, Some(inbox)) => {
+                let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
+                let p = Progress {
+                    at: o.at_ms.map(|t| UNIX_EPOCH + Duration::from_millis(t)),
+                    step: o.step,
+                    ..Progress::default()
+                };
+                self.set_progress_metrics(&p, o.after_ms.map(|_| o.stalled));
+                o
+            }
+            _ => return None,
+        };
+        let after = o.after_ms.map(Duration::from_millis);
+        let a = annotation(&o, self.progress_published.as_ref(), after);
+        let text = serde_json::to_string(&a).expect("plain data");
+        self.progress_published = Some(a);
+        Some(text)
+    }
+
+    /// CMD started again: its silence counts from now.
+    pub(super) fn progress_restarted(&mut self) {
+        let now = SystemTime::now();
+        if let Some(w) = self.progress.as_mut() {
+            w.started = now;
+            if let Some(s) = w.stall.as_mut() {
+                s.restart(now);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_use_over_the_window() {
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let samples: VecDeque<(SystemTime, u64)> = [(t(0), 0), (t(5), 500), (t(10), 1000)]
+            .into_iter()
+            .collect();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .unwrap()
+            .unwrap() as f64;
+        let got = cpu_percent(&samples, t(5)).unwrap();
+        assert!((got - 500.0 / hz / 5.0 * 100.0).abs() < 1e-9, "{got}");
+        assert_eq!(cpu_percent(&VecDeque::new(), t(0)), None);
+    }
+}

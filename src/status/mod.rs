@@ -1,0 +1,462 @@
+//! `trainlet status`: one job's pods as trainlet sees them, in one table, and a verdict
+//! for the whole job. Everything comes from what the agents already published on the
+//! pods (their task, report, health and cluster annotations) and the namespace's
+//! Events: status reads, it never writes, and needs only get/list on pods and events.
+//!
+//! The view is pure ([`view`]): pods and Events in, rows and a verdict out. [`fetch`]
+//! is the I/O.
+
+pub mod fetch;
+
+use std::cmp::Ordering;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cluster::order::natural_cmp;
+use crate::publish::keys;
+
+/// Which pods make the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A Job's pods, by the label its controller sets.
+    Job(String),
+    /// A JobSet's pods.
+    JobSet(String),
+    /// A Job's pods, or where none match, a JobSet's.
+    Either(String),
+    /// The pods of any of these selectors.
+    Selectors(Vec<String>),
+}
+
+impl Target {
+    /// What to try, in order: the job's name for the verdict and its selectors. The
+    /// first that matches any pod is the job.
+    pub fn candidates(&self) -> Vec<(String, Vec<String>)> {
+        let job = |n: &str| {
+            (
+                format!("Job {n}"),
+                vec![format!("{}={n}", fetch::JOB_LABEL)],
+            )
+        };
+        let jobset = |n: &str| {
+            (
+                format!("JobSet {n}"),
+                vec![format!("{}={n}", fetch::JOBSET_LABEL)],
+            )
+        };
+        match self {
+            Target::Job(n) => vec![job(n)],
+            Target::JobSet(n) => vec![jobset(n)],
+            Target::Either(n) => vec![job(n), jobset(n)],
+            Target::Selectors(s) => vec![(format!("pods of {}", s.join("; ")), s.clone())],
+        }
+    }
+}
+
+/// One pod of the job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodRow {
+    /// `worker/1`, as trainlet-init resolved it; empty before init did.
+    pub task: String,
+    pub pod: String,
+    pub ip: String,
+    pub phase: String,
+    /// `ok` or `degraded` (the report's), or empty without a reporter yet.
+    pub health: String,
+    /// Why degraded, from the report.
+    pub reasons: Vec<String>,
+    /// `4/4`: seen / expected; `4` when nothing is expected; empty without a report.
+    pub gpus: String,
+    /// `current`, `stale: …`, or empty where no peer watch runs.
+    pub cluster: String,
+    /// The containers' restarts plus those of CMD under `trainlet exec`.
+    pub restarts: u32,
+    /// The newest OOM kill in the report: `python (pid 812) in trainer at 12:03:04Z`.
+    pub last_oom: String,
+    /// CMD's last progress under `trainlet exec --stall-after`: `step 42 at 12:03:04Z`,
+    /// or `stalled since 12:01:00Z (step 42)`; empty without a progress watch.
+    pub progress: String,
+    /// Whether CMD is stalled now.
+    pub stalled: bool,
+    /// The reason of the newest Event about the pod.
+    pub last_event: String,
+}
+
+/// The job as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Every pod Running, healthy, its cluster current.
+    Healthy,
+    /// Pods not Running yet: scheduling, or waiting in trainlet-init.
+    Starting,
+    /// Running, but a pod is degraded, its cluster stale, or its CMD stalled.
+    Degraded,
+    /// A pod failed.
+    Failing,
+    /// Every pod succeeded.
+    Completed,
+    /// No pod matches.
+    Empty,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::Starting => "starting",
+            State::Degraded => "degraded",
+            State::Failing => "failing",
+            State::Completed => "completed",
+            State::Empty => "no pods",
+        }
+    }
+}
+
+/// What `status` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct View {
+    pub state: State,
+    /// One line for the job: the state and what makes it so.
+    pub verdict: String,
+    pub pods: Vec<PodRow>,
+}
+
+/// The rows, ordered by task (types by name, indexes by number; pods without a task
+/// last, by natural name order), and the verdict. `what` names the job in the verdict.
+pub fn view(what: &str, pods: &[Pod], events: &[Event]) -> View {
+    let mut rows: Vec<PodRow> = pods.iter().map(|p| row(p, events)).collect();
+    rows.sort_by(by_task);
+    let (state, verdict) = verdict(what, &rows);
+    View {
+        state,
+        verdict,
+        pods: rows,
+    }
+}
+
+fn by_task(a: &PodRow, b: &PodRow) -> Ordering {
+    match (a.task.is_empty(), b.task.is_empty()) {
+        (false, true) => Ordering::Less,
+        (true, false) => Ordering::Greater,
+        _ => natural_cmp(&a.task, &b.task).then_with(|| natural_cmp(&a.pod, &b.pod)),
+    }
+}
+
+/// One pod's row.
+pub fn row(pod: &Pod, events: &[Event]) -> PodRow {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let annotation = |k: &str| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let status = pod.status.as_ref();
+    let report: Value = serde_json::from_str(&annotation(keys::REPORT)).unwrap_or(Value::Null);
+    let container_restarts: u32 = status
+        .into_iter()
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .chain(s.init_container_statuses.iter().flatten())
+        })
+        .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+        .sum();
+    let exec_restarts = report["exec"]["restarts"].as_u64().unwrap_or(0);
+    PodRow {
+        task: annotation(keys::TASK),
+        ip: status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
+        phase: phase(pod),
+        health: annotation(keys::HEALTH),
+        reasons: report["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect(),
+        gpus: gpus(&report),
+        cluster: annotation(keys::CLUSTER),
+        restarts: container_restarts + u32::try_from(exec_restarts).unwrap_or(u32::MAX),
+        last_oom: last_oom(&report),
+        progress: progress(&annotation(keys::PROGRESS)),
+        stalled: serde_json::from_str::<Value>(&annotation(keys::PROGRESS))
+            .is_ok_and(|p| p["stalled"] == true),
+        last_event: last_event(&name, events),
+        pod: name,
+    }
+}
+
+/// The phase, with the reason a pod waits or failed where the kubelet gave one:
+/// `Pending (Unschedulable)`, `Pending (in trainlet-init)`, `Failed (OOMKilled)`.
+fn phase(pod: &Pod) -> String {
+    let Some(s) = pod.status.as_ref() else {
+        return "Pending".into();
+    };
+    let phase = s.phase.clone().unwrap_or_else(|| "Pending".into());
+    if pod.metadata.deletion_timestamp.is_some() {
+        return format!("{phase} (deleting)");
+    }
+    let unschedulable = s
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.reason.clone());
+    let terminated = s
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
+        .find(|r| r != "Completed");
+    // A non-restartable init container that runs: the pod waits in it (trainlet-init
+    // waits there for its peers).
+    let in_init = s
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| {
+            c.state.as_ref().is_some_and(|st| st.running.is_some()) && !c.started.unwrap_or(false)
+        })
+        .map(|c| c.name.clone());
+    match (phase.as_str(), unschedulable, terminated) {
+        ("Pending", Some(r), _) => format!("Pending ({r})"),
+        ("Pending", None, _) if in_init.is_some() => {
+            format!("Pending (in {})", in_init.unwrap_or_default())
+        }
+        ("Failed", _, Some(r)) => format!("Failed ({r})"),
+        _ => phase,
+    }
+}
+
+fn gpus(report: &Value) -> String {
+    let Some(count) = report["gpu"]["count"].as_u64() else {
+        return String::new();
+    };
+    if report["gpu"]["status"] == "unknown" {
+        return "?".into();
+    }
+    match report["gpu"]["expected"]["count"].as_u64() {
+        Some(expected) => format!("{count}/{expected}"),
+        None => count.to_string(),
+    }
+}
+
+fn last_oom(report: &Value) -> String {
+    let Some(kill) = report["oom"]["recent"].as_array().and_then(|r| r.last()) else {
+        return String::new();
+    };
+    let container = kill["container"].as_str().unwrap_or_default();
+    let time = kill["time"]
+        .as_str()
+        .and_then(|t| t.split_once('T').map(|(_, clock)| clock))
+        .unwrap_or_default();
+    match (
+        kill["process"]["comm"].as_str(),
+        kill["process"]["pid"].as_u64(),
+    ) {
+        (Some(comm), Some(pid)) => format!("{comm} (pid {pid}) in {container} at {time}"),
+        _ => format!("{container} at {time}"),
+    }
+}
+
+/// `trainlet.io/progress` in a few words: the last step and when, or since when CMD
+/// is stalled.
+fn progress(text: &str) -> String {
+    let Ok(p) = serde_json::from_str::<Value>(text) else {
+        return String::new();
+    };
+    let clock = |k: &str| {
+        p[k].as_str()
+            .and_then(|t| t.split_once('T').map(|(_, c)| c))
+            .map(|c| match c.split_once('.') {
+                Some((whole, _)) => format!("{whole}Z"),
+                None => c.to_string(),
+            })
+    };
+    let step = p["step"].as_f64().map(|s| format!("step {s}"));
+    if p["stalled"] == true {
+        let since = clock("since").unwrap_or_default();
+        return match step {
+            Some(step) => format!("stalled since {since} ({step})"),
+            None => format!("stalled since {since}"),
+        };
+    }
+    match (step, clock("at")) {
+        (Some(step), Some(at)) => format!("{step} at {at}"),
+        (None, Some(at)) => format!("output at {at}"),
+        (Some(step), None) => step,
+        (None, None) => String::new(),
+    }
+}
+
+/// The reason of the newest Event about pod `name`: by its series' last time, else its
+/// event time, else the old API's last timestamp, else its creation.
+fn last_event(name: &str, events: &[Event]) -> String {
+    let when = |e: &Event| {
+        e.series
+            .as_ref()
+            .map(|s| s.last_observed_time.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+            .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    events
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Pod") && r.name.as_deref() == Some(name)
+            })
+        })
+        .max_by_key(|e| when(e))
+        .and_then(|e| e.reason.clone())
+        .unwrap_or_default()
+}
+
+/// The job's state and its line: the worst state any pod is in, and the pods that put
+/// it there.
+pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
+    let n = rows.len();
+    if n == 0 {
+        return (State::Empty, format!("{what}: no pods match"));
+    }
+    let names = |pick: &dyn Fn(&PodRow) -> Option<String>| -> Vec<String> {
+        rows.iter().filter_map(pick).collect()
+    };
+    let failed = names(&|r: &PodRow| {
+        r.phase
+            .starts_with("Failed")
+            .then(|| format!("{} {}", r.pod, r.phase))
+    });
+    if !failed.is_empty() {
+        return (
+            State::Failing,
+            format!(
+                "{what}: failing: {} of {n} pods failed: {}",
+                failed.len(),
+                failed.join(", ")
+            ),
+        );
+    }
+    let succeeded = rows.iter().filter(|r| r.phase == "Succeeded").count();
+    if succeeded == n {
+        return (
+            State::Completed,
+            format!("{what}: completed: {n} pods succeeded"),
+        );
+    }
+    let degraded = names(&|r: &PodRow| {
+        let stale = r.cluster.starts_with("stale");
+        (r.health == "degraded" || stale || r.stalled).then(|| {
+            let mut why = r.reasons.clone();
+            if stale && !why.iter().any(|w| w.starts_with("cluster")) {
+                why.push(format!("cluster {}", r.cluster));
+            }
+            if r.stalled {
+                why.push(r.progress.clone());
+            }
+            format!("{} ({})", r.pod, why.join("; "))
+        })
+    });
+    if !degraded.is_empty() {
+        return (
+            State::Degraded,
+            format!("{what}: degraded: {}", degraded.join(", ")),
+        );
+    }
+    let waiting = names(&|r: &PodRow| {
+        (r.phase != "Running" && r.phase != "Succeeded").then(|| format!("{} {}", r.pod, r.phase))
+    });
+    if !waiting.is_empty() {
+        return (
+            State::Starting,
+            format!(
+                "{what}: starting: {} of {n} pods running; waiting for {}",
+                n - waiting.len() - succeeded,
+                waiting.join(", ")
+            ),
+        );
+    }
+    let running = n - succeeded;
+    let cluster = if rows.iter().any(|r| r.cluster == "current") {
+        ", cluster current"
+    } else {
+        ""
+    };
+    (
+        State::Healthy,
+        format!("{what}: healthy: {running} pods running{cluster}"),
+    )
+}
+
+/// The table `status` prints: one line per pod under a header, columns aligned, `-`
+/// for what is not known yet.
+pub fn table(view: &View) -> String {
+    let header = [
+        "TASK",
+        "POD",
+        "IP",
+        "PHASE",
+        "HEALTH",
+        "GPUS",
+        "CLUSTER",
+        "RESTARTS",
+        "PROGRESS",
+        "LAST OOM",
+        "LAST EVENT",
+    ];
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for r in &view.pods {
+        lines.push(vec![
+            dash(&r.task),
+            r.pod.clone(),
+            dash(&r.ip),
+            r.phase.clone(),
+            dash(&r.health),
+            dash(&r.gpus),
+            dash(&r.cluster),
+            r.restarts.to_string(),
+            dash(&r.progress),
+            dash(&r.last_oom),
+            dash(&r.last_event),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in &lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(&view.verdict);
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests;

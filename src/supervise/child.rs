@@ -1,0 +1,122 @@
+//! CMD as trainlet's child in `exec --report`: started under a subreaper, sent the
+//! signals the kubelet sends trainlet, and reaped, together with every orphan of its
+//! tree, as PID 1 must.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use tracing::{debug, info};
+
+use super::output::{Copiers, Watch};
+use crate::report::probe::oom::procs;
+use crate::signal;
+
+/// How long exec waits, once CMD has ended, for its output to be drained from the
+/// pipes (a process CMD left behind may still hold them open).
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// The running command.
+pub struct Child {
+    pub pid: u32,
+    /// CMD's exit status, or 128+signal, once it has ended.
+    pub exit: Option<i32>,
+    /// The threads that pass CMD's output through, when it is watched for progress.
+    output: Option<Copiers>,
+}
+
+impl Child {
+    /// Starts CMD. Before that, trainlet becomes a child subreaper: orphans of CMD's
+    /// tree are re-parented to trainlet, not to the node's init, so they stay visible
+    /// as CMD's and trainlet reaps them. With `watch`, CMD's stdout and stderr are
+    /// pipes that exec passes through, watching them for progress; without, CMD
+    /// writes to exec's own.
+    pub fn spawn(
+        mut cmd: std::process::Command,
+        watch: Option<&Arc<Watch>>,
+    ) -> std::io::Result<Child> {
+        if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            debug!("cannot become a child subreaper: {e}");
+        }
+        if watch.is_some() {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        let mut child = cmd.spawn()?;
+        let output = watch.map(|w| Copiers::start(&mut child, w));
+        Ok(Child {
+            pid: child.id(),
+            exit: None,
+            output,
+        })
+    }
+
+    /// CMD has ended: waits (a little) until its output is written through.
+    pub fn drain(&mut self) {
+        if let Some(c) = self.output.take() {
+            c.finish(DRAIN);
+        }
+    }
+
+    /// Forwards a signal to CMD while it runs.
+    pub fn forward(&self, sig: i32) {
+        if self.exit.is_some() {
+            return;
+        }
+        debug!("forwarding {} to pid {}", signal::name(sig), self.pid);
+        if let Err(e) = signal::send(self.pid, sig) {
+            debug!("could not forward {}: {e}", signal::name(sig));
+        }
+    }
+
+    /// Reaps every exited child: CMD, whose status becomes trainlet's, and orphans of
+    /// CMD's tree that were re-parented to trainlet.
+    pub fn reap(&mut self) {
+        loop {
+            match waitpid(nix::unistd::Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    if pid.as_raw() as u32 == self.pid {
+                        self.exit = Some(code);
+                    }
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    if pid.as_raw() as u32 == self.pid {
+                        info!("the command was killed by {}", sig.as_str());
+                        self.exit = Some(128 + sig as i32);
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// The live processes under trainlet: CMD's tree and the orphans of it that were
+/// re-parented to trainlet. Zombies are left out: [`Child::reap`] takes them.
+pub fn descendants() -> Vec<u32> {
+    let procs = procs::all_processes(std::path::Path::new("/proc"), procs::page_size());
+    procs::descendants(&procs, std::process::id())
+        .into_values()
+        .filter(|p| p.state != 'Z')
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// CMD could not be started: shell-compatible codes, 127 when it was not found, 126
+/// when it was found but cannot be executed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot run {program:?}: {source}")]
+pub struct SpawnError {
+    pub program: String,
+    pub source: std::io::Error,
+}
+
+impl SpawnError {
+    pub fn code(&self) -> crate::Code {
+        match self.source.kind() {
+            std::io::ErrorKind::NotFound => crate::Code::CommandNotFound,
+            _ => crate::Code::CannotExecute,
+        }
+    }
+}

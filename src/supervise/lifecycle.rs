@@ -1,0 +1,397 @@
+//! `trainlet exec --report`'s life of CMD, as one loop: CMD runs under the reporter
+//! until it exits, a stop signal comes, or a peer change (`--on-peer-change`) asks for
+//! action; then [`policy::decide`] says what to do: end with CMD's status, stop CMD and
+//! exit 7, or stop it, wait the backoff and the cluster, and start it again with the
+//! new environment (`Respawn`, which the command layer makes: it is the init workflow).
+//!
+//! The reporter that runs beside CMD is behind [`Reporter`], so that this loop is all a
+//! reader needs to follow "a peer is replaced → exec restarts CMD with the new address";
+//! what the reporter observes and publishes is `crate::report::engine`'s.
+
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::child::{Child, SpawnError};
+use super::policy::{self, Decision, OnPeerChange, Policy};
+use super::stop::{stop_tree, wait_for_stop};
+use crate::signal::{self, Signals};
+use crate::{Code, Failure};
+
+/// Why CMD starts again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// A peer changed (`--on-peer-change restart`): wait until the cluster is complete
+    /// again and write its files. `after` is, in a coordinated job, the generation of
+    /// the resolution that showed the change: resolving again must not take an older
+    /// one, which still names the pod that went.
+    PeerChange { after: Option<u64> },
+    /// A stall (`--on-stall restart`): the cluster is as it was, and so are its files.
+    Stall,
+}
+
+/// Makes CMD again, with its environment, for a restart.
+pub type Respawn = Box<
+    dyn FnMut(
+        Resume,
+    )
+        -> futures::future::LocalBoxFuture<'static, Result<std::process::Command, Failure>>,
+>;
+
+/// What made exec act on CMD.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// A peer was lost or replaced: the `trainlet.io/cluster` text.
+    PeerChange(String),
+    /// No progress in this pod, or in a peer's: whose, and for how long.
+    Stall(String),
+}
+
+/// What the loop needs of the reporter that runs beside CMD. One thread runs both
+/// (trainlet's runtime is single-threaded), so the futures need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Reporter {
+    /// The restart policy (`--on-peer-change` and its flags).
+    fn policy(&self) -> &Policy;
+    /// CMD, while it is supervised.
+    fn child(&mut self) -> &mut Option<Child>;
+    /// Reports until CMD exits, a stop signal comes, or [`Reporter::stale`] says so.
+    async fn run(&mut self, signals: &mut Signals);
+    /// A stop signal came while nothing was forwarded to CMD: exec ends.
+    fn stopped(&self) -> bool;
+    /// The kubelet's stop signal was forwarded to CMD: no peer change restarts it.
+    fn terminating(&self) -> bool;
+    /// The stale cluster the policy acts on, while it is stale.
+    fn stale(&self) -> Option<String>;
+    /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
+    /// that began before CMD last started here.
+    fn stalled(&self) -> Option<String>;
+    /// Where CMD's output goes through to be watched for progress, if it is.
+    fn output_watch(&self) -> Option<std::sync::Arc<super::output::Watch>>;
+    /// CMD failed while the cluster looked current: waits until `until` for the peer
+    /// change that explains it (a broken collective fails before the watch sees the
+    /// pod go), or a stop signal ([`Reporter::stopped`]).
+    async fn settle(&mut self, signals: &mut Signals, until: Instant);
+    /// Announces restart `n`: its `Restarting` Event (or, handing over, the sidecar's).
+    async fn restarting(&mut self, n: u32, note: String);
+    /// Waits until the cluster's files are complete again before CMD starts again
+    /// (handing over, the sidecar moves them).
+    async fn wait_for_files(&mut self) -> Result<(), Failure>;
+    /// The generation of the resolution that showed the change (coordinated jobs).
+    fn generation(&self) -> Option<u64>;
+    /// CMD started again: the reporter follows the new cluster, and its silence counts
+    /// from now.
+    fn started_again(&mut self);
+    /// CMD is gone for good: the last report; the last OOM kill among CMD's processes.
+    async fn finish(&mut self, code: i32) -> Option<String>;
+}
+
+/// How CMD ended under `exec --report`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ended {
+    /// CMD's exit code, or 128+signal; [`Code::PeerChanged`] or [`Code::Stalled`]
+    /// when exec stopped it.
+    pub code: i32,
+    /// The last OOM kill among CMD's processes, if there was one.
+    pub oom: Option<String>,
+    /// Why exec stopped CMD and exits, if it did.
+    pub why: Option<String>,
+}
+
+impl Ended {
+    /// Why CMD ended, for the termination message; `None` when it succeeded.
+    pub fn reason(&self, program: &str) -> Option<String> {
+        if let Some(why) = &self.why {
+            return Some(why.clone());
+        }
+        if self.code == 0 {
+            return None;
+        }
+        let how = match self.code {
+            c if c > 128 => format!(
+                "{program} was killed by signal {} ({})",
+                c - 128,
+                signal::name(c - 128)
+            ),
+            c => format!("{program} exited with code {c}"),
+        };
+        Some(match &self.oom {
+            Some(kill) => format!("{how}; {kill}"),
+            None => how,
+        })
+    }
+}
+
+/// Starts CMD (again, after a restart), its output watched through `watch` if given.
+pub fn spawn(
+    cmd: std::process::Command,
+    program: &str,
+    watch: Option<&std::sync::Arc<super::output::Watch>>,
+) -> Result<Child, SpawnError> {
+    let child = Child::spawn(cmd, watch).map_err(|source| SpawnError {
+        program: program.to_string(),
+        source,
+    })?;
+    info!(pid = child.pid, "started {program}");
+    Ok(child)
+}
+
+/// Runs CMD (already started, in `reporter.child()`) to its end under `reporter`,
+/// restarting it on a peer change as the policy says. Returns how it ended.
+pub async fn run(
+    reporter: &mut impl Reporter,
+    signals: &mut Signals,
+    program: &str,
+    mut respawn: Respawn,
+) -> Result<Ended, Failure> {
+    let mut life = Life::default();
+    loop {
+        if reporter.child().as_ref().is_some_and(|c| c.exit.is_none()) {
+            reporter.run(signals).await;
+        }
+        let Some(trigger) = trigger(reporter, signals).await else {
+            break;
+        };
+        let policy = reporter.policy().clone();
+        let decision = match &trigger {
+            Trigger::PeerChange(stale) => policy::decide(&policy, life.restarts, stale),
+            Trigger::Stall(why) => policy::decide_stall(&policy, life.restarts, why),
+        };
+        match decision {
+            Decision::Report => break,
+            Decision::Exit { why } => {
+                warn!("{why}");
+                life.stop_requested |= stop(reporter, signals, &policy).await.is_some();
+                life.why = Some(why);
+                life.exit_code = match trigger {
+                    Trigger::PeerChange(_) => Code::PeerChanged,
+                    Trigger::Stall(_) => Code::Stalled,
+                };
+                break;
+            }
+            Decision::Restart { n, of, delay } => {
+                let step = Restart { n, of, delay };
+                let again = restart(
+                    reporter,
+                    signals,
+                    program,
+                    &mut respawn,
+                    step,
+                    &trigger,
+                    &mut life,
+                );
+                if !again.await? {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(end(reporter, signals, life).await)
+}
+
+/// What the loop carries from one restart to the next, and into the end.
+struct Life {
+    restarts: u32,
+    /// Why exec stopped CMD and exits, if it did, and with which code.
+    why: Option<String>,
+    exit_code: Code,
+    /// A stop signal while CMD was not running: exec's status is 128 + it.
+    stopped: Option<i32>,
+    /// A stop signal while CMD was being stopped: exec ends after it.
+    stop_requested: bool,
+}
+
+impl Default for Life {
+    fn default() -> Life {
+        Life {
+            restarts: 0,
+            why: None,
+            exit_code: Code::PeerChanged,
+            stopped: None,
+            stop_requested: false,
+        }
+    }
+}
+
+/// After CMD exited or the reporter returned: the peer change or stall the policy acts
+/// on, or `None` when exec ends with CMD as it is. A framework often fails at once
+/// when a peer dies (a broken collective), before the watch has seen the pod go: the
+/// watch gets a moment to explain the failure before exec ends with CMD's status.
+async fn trigger(reporter: &mut impl Reporter, signals: &mut Signals) -> Option<Trigger> {
+    if reporter.stopped() {
+        return None;
+    }
+    if failed(reporter)
+        && !reporter.terminating()
+        && reporter.stale().is_none()
+        && reporter.policy().on_change != OnPeerChange::Report
+    {
+        info!(
+            "the command failed; waiting up to {:?} for a peer change to explain it",
+            policy::SETTLE
+        );
+        reporter
+            .settle(signals, Instant::now() + policy::SETTLE)
+            .await;
+        if reporter.stopped() {
+            return None;
+        }
+    }
+    let trigger = match reporter.stale() {
+        Some(stale) => Trigger::PeerChange(stale),
+        // A stall restarts a CMD that still runs (hung), not one that has ended.
+        None if reporter.child().as_ref().is_some_and(|c| c.exit.is_none()) => {
+            Trigger::Stall(reporter.stalled()?)
+        }
+        None => return None,
+    };
+    // The kubelet stops the container, or CMD ended well (the job's work is done,
+    // whatever its peers do now): no peer change restarts it.
+    let exited_ok = reporter.child().as_ref().and_then(|c| c.exit) == Some(0);
+    (!reporter.terminating() && !exited_ok).then_some(trigger)
+}
+
+/// Restart `n` of `of`, after `delay`.
+struct Restart {
+    n: u32,
+    of: u32,
+    delay: std::time::Duration,
+}
+
+/// Stops CMD, waits the backoff and the cluster's files, and starts CMD again.
+/// `Ok(true)`: CMD runs again; `Ok(false)`: a stop signal came first, and `life` says
+/// how exec ends.
+async fn restart(
+    reporter: &mut impl Reporter,
+    signals: &mut Signals,
+    program: &str,
+    respawn: &mut Respawn,
+    step: Restart,
+    trigger: &Trigger,
+    life: &mut Life,
+) -> Result<bool, Failure> {
+    let (why, after_what) = match trigger {
+        Trigger::PeerChange(stale) => (format!("the cluster changed ({stale})"), "a peer change"),
+        Trigger::Stall(why) => (why.clone(), "a stall"),
+    };
+    let note = format!(
+        "restarting {program} ({} of {}) in {}: {why}",
+        step.n,
+        step.of,
+        humantime::format_duration(step.delay)
+    );
+    warn!("{note}");
+    reporter.restarting(step.n, note).await;
+    let policy = reporter.policy().clone();
+    if stop(reporter, signals, &policy).await.is_some() {
+        life.stop_requested = true;
+        return Ok(false);
+    }
+    let resume = match trigger {
+        Trigger::PeerChange(_) => Resume::PeerChange {
+            after: reporter.generation(),
+        },
+        Trigger::Stall(_) => Resume::Stall,
+    };
+    let next = tokio::select! {
+        next = async {
+            tokio::time::sleep(step.delay).await;
+            if resume != Resume::Stall {
+                reporter.wait_for_files().await?;
+            }
+            respawn(resume).await
+        } => next.map_err(|f| Failure::new(f.code, format!("restarting after {after_what}: {}", f.message)))?,
+        s = wait_for_stop(signals) => {
+            // CMD is not running: say so, not how the stopped CMD ended.
+            let what = match trigger {
+                Trigger::PeerChange(stale) => format!("a peer change ({stale})"),
+                Trigger::Stall(why) => format!("a stall ({why})"),
+            };
+            life.why = Some(format!(
+                "stopped by {} while waiting to restart {program} after {what}",
+                signal::name(s)
+            ));
+            life.stopped = Some(128 + s);
+            return Ok(false);
+        }
+    };
+    let watch = reporter.output_watch();
+    *reporter.child() = Some(spawn(next, program, watch.as_ref())?);
+    reporter.started_again();
+    life.restarts = step.n;
+    Ok(true)
+}
+
+/// Stops what is left of CMD's tree when exec was asked to stop, and makes the last
+/// report with exec's status.
+async fn end(reporter: &mut impl Reporter, signals: &mut Signals, life: Life) -> Ended {
+    if life.stop_requested || reporter.stopped() || reporter.terminating() {
+        // The kubelet stops the container: nothing of CMD's tree outlives exec.
+        let grace = reporter.policy().grace;
+        if let Some(child) = reporter.child().as_mut() {
+            stop_tree(child, signals, grace).await;
+        }
+    }
+    if let Some(child) = reporter.child().as_mut() {
+        child.drain();
+    }
+    let exit = reporter.child().as_ref().and_then(|c| c.exit);
+    let code = match (&life.why, life.stopped) {
+        (_, Some(code)) => code,
+        (Some(_), None) => life.exit_code as i32,
+        (None, None) => exit.unwrap_or(Code::Internal as i32),
+    };
+    let oom = reporter.finish(code).await;
+    Ended {
+        code,
+        oom,
+        why: life.why,
+    }
+}
+
+/// Whether CMD ended with a failure.
+fn failed(reporter: &mut impl Reporter) -> bool {
+    reporter
+        .child()
+        .as_ref()
+        .and_then(|c| c.exit)
+        .is_some_and(|code| code != 0)
+}
+
+/// Stops CMD's tree for a restart or an exit; the stop signal that came meanwhile.
+async fn stop(reporter: &mut impl Reporter, signals: &mut Signals, policy: &Policy) -> Option<i32> {
+    let child = reporter.child().as_mut()?;
+    stop_tree(child, signals, policy.grace).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ended;
+
+    #[test]
+    fn the_termination_reason_names_the_code_the_signal_and_an_oom_kill() {
+        let ended = |code, oom: Option<&str>| Ended {
+            code,
+            oom: oom.map(String::from),
+            why: None,
+        };
+        assert_eq!(ended(0, None).reason("python"), None);
+        assert_eq!(
+            ended(3, None).reason("python").as_deref(),
+            Some("python exited with code 3")
+        );
+        assert_eq!(
+            ended(
+                137,
+                Some(
+                    "process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
+                )
+            )
+            .reason("torchrun")
+            .as_deref(),
+            Some(
+                "torchrun was killed by signal 9 (SIGKILL); process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
+            )
+        );
+    }
+}

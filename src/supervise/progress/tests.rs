@@ -1,0 +1,163 @@
+use std::time::{Duration, SystemTime};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::testing::budget;
+
+fn lines(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+    let mut s = LineScanner::default();
+    let mut out = Vec::new();
+    for c in chunks {
+        s.feed(c, |l| out.push(l.to_vec()));
+    }
+    out
+}
+
+#[test]
+fn lines_end_at_newlines_and_carriage_returns_across_chunks() {
+    assert_eq!(
+        lines(&[
+            b"step 1\nst",
+            b"ep 2\r\n",
+            b"10%|##  |\r20%|####|\r",
+            b"tail"
+        ]),
+        [
+            b"step 1".to_vec(),
+            b"step 2".to_vec(),
+            b"10%|##  |".to_vec(),
+            b"20%|####|".to_vec()
+        ]
+    );
+}
+
+#[test]
+fn a_line_without_end_keeps_at_most_max_line_bytes() {
+    let mut s = LineScanner::default();
+    let mut got = Vec::new();
+    for _ in 0..1024 {
+        s.feed(&[b'x'; 10 * 1024], |l| got.push(l.len()));
+        assert!(s.line.capacity() <= 2 * MAX_LINE);
+    }
+    s.feed(b"\n", |l| got.push(l.len()));
+    assert_eq!(got, [MAX_LINE]);
+}
+
+#[test]
+fn the_pattern_picks_the_lines_and_its_first_group_is_the_step() {
+    let p = Pattern::new(Some(r"step (\d+)")).unwrap();
+    assert_eq!(p.progress(b"epoch 1 step 145 loss 0.3"), Some(Some(145.0)));
+    assert_eq!(p.progress(b"loading data"), None);
+    let words = Pattern::new(Some(r"loss=(\w+)")).unwrap();
+    assert_eq!(words.progress(b"loss=nan"), Some(None));
+    assert_eq!(
+        Pattern::new(None).unwrap().progress(b"anything"),
+        Some(None)
+    );
+    assert_eq!(
+        Pattern::new(Some("step (")).unwrap_err(),
+        "error: unclosed group"
+    );
+}
+
+#[test]
+fn progress_keeps_the_last_step_and_line() {
+    let p = Pattern::new(Some(r"step (\d+)|eval")).unwrap();
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let mut pr = Progress::default();
+    pr.on_line(&p, b"step 3 loss 1.0", t(10));
+    pr.on_line(&p, b"eval", t(11));
+    pr.on_line(&p, b"noise", t(12));
+    assert_eq!(
+        pr,
+        Progress {
+            at: Some(t(11)),
+            step: Some(3.0),
+            line: "eval".into(),
+            lines: 2
+        }
+    );
+    pr.on_heartbeat(t(5));
+    assert_eq!(pr.at, Some(t(11)));
+    pr.on_heartbeat(t(20));
+    assert_eq!(pr.at, Some(t(20)));
+}
+
+#[test]
+fn a_stall_is_announced_once_and_clears_on_progress() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let mut w = StallWatch::new(Duration::from_secs(5), t(0));
+    let mut pr = Progress::default();
+    // Silent from the start: stalled after 5 s.
+    assert_eq!(w.check(&pr, t(4)), None);
+    assert_eq!(w.check(&pr, t(5)), Some(Transition::Stalled { n: 1 }));
+    assert_eq!(w.check(&pr, t(9)), None);
+    pr.on_line(&Pattern::default(), b"step 1", t(10));
+    assert_eq!(w.check(&pr, t(10)), Some(Transition::Resumed));
+    assert_eq!(w.check(&pr, t(16)), Some(Transition::Stalled { n: 2 }));
+    // A restart: silence counts from it, and progress from before it is no progress.
+    w.restart(t(20));
+    assert!(!w.stalled);
+    assert_eq!(w.anchor(&pr), t(20));
+    assert_eq!(w.check(&pr, t(24)), None);
+    assert_eq!(w.check(&pr, t(25)), Some(Transition::Stalled { n: 3 }));
+}
+
+#[test]
+fn the_note_says_what_was_seen() {
+    let p = Progress {
+        at: None,
+        step: Some(145.0),
+        line: "step 145 loss 0.3".into(),
+        lines: 145,
+    };
+    assert_eq!(
+        stalled_note(Duration::from_millis(5400), &p, Some(99.6), &[97, 100]),
+        "no progress for 5s; last step 145 in \"step 145 loss 0.3\"; CMD used 100% of a core over the window; GPU utilization 97% 100%"
+    );
+    assert_eq!(
+        stalled_note(
+            Duration::from_secs(600),
+            &Progress::default(),
+            Some(0.2),
+            &[]
+        ),
+        "no progress for 10m; no progress output yet; CMD used 0% of a core over the window"
+    );
+}
+
+#[test]
+fn quotes_are_cut_and_clean() {
+    assert_eq!(
+        quote(b"\x1b[1mbold\x1b[0m \xff ok\t"),
+        "[1mbold[0m \u{fffd} ok"
+    );
+    let long = quote(&[b'a'; 500]);
+    assert_eq!(long.chars().count(), MAX_QUOTE + 1);
+    assert!(long.ends_with('…'));
+}
+
+proptest! {
+    #![proptest_config(budget(128))]
+
+    /// However a stream is cut into chunks, the same lines come out, each cut to
+    /// MAX_LINE bytes.
+    #[test]
+    fn chunking_does_not_change_the_lines(text in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), Just(b'b')], 0..600), cuts in proptest::collection::vec(0usize..600, 0..8)) {
+        let whole = lines(&[&text]);
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c <= text.len()).collect();
+        cuts.sort_unstable();
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut from = 0;
+        for c in cuts {
+            parts.push(&text[from..c]);
+            from = c;
+        }
+        parts.push(&text[from..]);
+        prop_assert_eq!(lines(&parts), whole.clone());
+        for l in &whole {
+            prop_assert!(l.len() <= MAX_LINE && !l.is_empty());
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The dependency rule of `docs/architecture.md`, checked in the repository: the command
+//! line's modules (`cli/`, `cmd/`, `main.rs`) are the only ones that name `crate::cli`,
+//! `crate::cmd` or clap; the file-level module graph has no loop; and no source file
+//! holds more than 600 lines of non-test code.
+//!
+//! The graph's edges are a file's `crate::…` paths and `super::…` references, each to the
+//! longest module path that is a file of the crate; a unit-test module (`tests.rs`,
+//! `*_tests.rs`, or an inline `#[cfg(test)] mod tests { … }` at a file's end) may import
+//! anything, so its edges do not count.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::support::repo;
+
+/// The crate's source files, by path relative to `src/`, with their test modules cut.
+fn sources() -> BTreeMap<String, String> {
+    let src = repo().join("src");
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+                if is_test_file(&rel) {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.insert(rel, without_tests(&text));
+            }
+        }
+    }
+    out
+}
+
+fn is_test_file(rel: &str) -> bool {
+    let name = Path::new(rel).file_name().unwrap().to_string_lossy();
+    name == "tests.rs" || name.ends_with("_tests.rs")
+}
+
+/// The text before an inline `#[cfg(test)]` test module.
+fn without_tests(text: &str) -> String {
+    match text.find("#[cfg(test)]\nmod tests {") {
+        Some(i) => text[..i].to_string(),
+        None => text.to_string(),
+    }
+}
+
+/// The text without `//` comments (doc comments included), for the clap check.
+fn code_only(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) if !l[..i].contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn module_of(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(String::from)
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Each file's edges to the crate's other files.
+fn graph(files: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
+    let mods: BTreeMap<Vec<String>, String> =
+        files.keys().map(|f| (module_of(f), f.clone())).collect();
+    let resolve = |path: &[String]| {
+        (1..=path.len())
+            .rev()
+            .find_map(|k| mods.get(&path[..k]).cloned())
+    };
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut edges = BTreeMap::new();
+    for (f, text) in files {
+        let here = module_of(f);
+        let mut to = BTreeSet::new();
+        // crate::a::b
+        for (i, _) in text.match_indices("crate::") {
+            if text[..i].ends_with(|c: char| ident(c) || c == ':') {
+                continue;
+            }
+            let path: Vec<String> = text[i + 7..]
+                .split("::")
+                .map(|s| s.chars().take_while(|c| ident(*c)).collect::<String>())
+                .take_while(|s| !s.is_empty())
+                .collect();
+            if let Some(t) = resolve(&path).filter(|t| t != f) {
+                to.insert(t);
+            }
+        }
+        // super::super::a::b
+        for (i, _) in text.match_indices("super::") {
+            if text[..i].ends_with(|c: char| ident(c) || c == ':') {
+                continue;
+            }
+            let mut n = 0;
+            let mut tail = &text[i..];
+            while let Some(t) = tail.strip_prefix("super::") {
+                n += 1;
+                tail = t;
+            }
+            if n > here.len() {
+                continue;
+            }
+            let mut path: Vec<String> = here[..here.len() - n].to_vec();
+            path.extend(
+                tail.split("::")
+                    .map(|s| s.chars().take_while(|c| ident(*c)).collect::<String>())
+                    .take_while(|s| !s.is_empty()),
+            );
+            if let Some(t) = resolve(&path).filter(|t| t != f) {
+                to.insert(t);
+            }
+        }
+        edges.insert(f.clone(), to);
+    }
+    edges
+}
+
+/// The import loops: strongly connected groups of more than one file (Tarjan).
+fn loops(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct T<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    impl<'a> T<'a> {
+        fn strong(&mut self, v: &'a str) {
+            self.index.insert(v, self.next);
+            self.low.insert(v, self.next);
+            self.next += 1;
+            self.stack.push(v);
+            self.on.insert(v);
+            for w in &self.edges[v] {
+                let w = w.as_str();
+                if !self.index.contains_key(w) {
+                    self.strong(w);
+                    let lw = self.low[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(lw);
+                } else if self.on.contains(w) {
+                    let iw = self.index[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(iw);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut comp = Vec::new();
+                loop {
+                    let w = self.stack.pop().unwrap();
+                    self.on.remove(w);
+                    comp.push(w.to_string());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            t.strong(v);
+        }
+    }
+    t.out
+}
+
+fn is_command_line(rel: &str) -> bool {
+    rel.starts_with("cli/") || rel.starts_with("cmd/") || rel == "main.rs"
+}
+
+#[test]
+fn only_the_command_line_names_the_command_line_or_clap() {
+    let mut bad = Vec::new();
+    for (f, text) in sources() {
+        if is_command_line(&f) {
+            continue;
+        }
+        let code = code_only(&text);
+        for word in ["crate::cli", "crate::cmd", "clap"] {
+            if code.contains(word) {
+                bad.push(format!("{f} names {word}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+#[test]
+fn the_module_graph_has_no_loop() {
+    let files = sources();
+    let edges = graph(&files);
+    assert!(edges.len() > 50, "{} files found", edges.len());
+    // The graph is real: the command layer reaches the workflows.
+    assert!(edges["cmd/exec.rs"].contains("supervise/lifecycle.rs"));
+    let found = loops(&edges);
+    assert!(found.is_empty(), "import loops: {found:#?}");
+}
+
+#[test]
+fn no_source_file_holds_more_than_600_lines_of_code() {
+    let over: Vec<(String, usize)> = sources()
+        .into_iter()
+        .map(|(f, text)| (f, text.lines().count()))
+        .filter(|(_, n)| *n > 600)
+        .collect();
+    assert!(over.is_empty(), "{over:?}");
+}
+
+/// The checks can fail: a loop and an upward import in a made-up crate are found.
+#[test]
+fn the_checks_find_what_they_look_for() {
+    let files: BTreeMap<String, String> = [
+        ("a.rs", "use crate::b::X;"),
+        ("b.rs", "use super::a::Y;"),
+        ("c/mod.rs", "pub mod d;"),
+        ("c/d.rs", "use super::super::a; use crate::c::e;"),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_string(), t.to_string()))
+    .collect();
+    let edges = graph(&files);
+    assert_eq!(
+        edges["c/d.rs"],
+        BTreeSet::from(["a.rs".to_string(), "c/mod.rs".to_string()])
+    );
+    assert_eq!(
+        loops(&edges),
+        [vec!["a.rs".to_string(), "b.rs".to_string()]]
+    );
+    assert_eq!(
+        code_only("let x = 1; // clap\n/// clap\nuse clap;"),
+        "let x = 1; \n\nuse clap;"
+    );
+    assert_eq!(
+        without_tests("fn a() {}\n#[cfg(test)]\nmod tests {\n use x;\n}\n"),
+        "fn a() {}\n"
+    );
+}

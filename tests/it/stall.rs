@@ -1,0 +1,465 @@
+//! `trainlet exec --stall-after`: a silent hang is seen, published and restarted, with a
+//! real PyTorch gloo job of three pods on loopback pod IPs against the real API
+//! server; and the output that exec now passes through is exactly CMD's.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::frameworks::fixture;
+use crate::report_support::{annotations, http_get, metric};
+use crate::support::*;
+
+/// Three pods, each `trainlet exec --report` with credentials, running
+/// `torch_stall.py MARKS HANG` with `flags`; every exec serves its metrics on its own
+/// port. Returns the namespace, the metrics addresses and the running execs.
+struct Job {
+    ns: String,
+    metrics: Vec<String>,
+    runs: Vec<(String, tokio::task::JoinHandle<Run>)>,
+    marks: tempfile::TempDir,
+    _dirs: Vec<tempfile::TempDir>,
+    _reaper: Reaper,
+}
+
+/// On a failed assertion, kills every exec and rank of the job (their command lines
+/// carry the marks directory): a rank that hangs forever would otherwise keep the
+/// test's blocking threads, and the test binary, alive.
+struct Reaper(String);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::process::Command::new("pkill")
+                .args(["-KILL", "-f", &self.0])
+                .status();
+        }
+    }
+}
+
+async fn start(net: u8, hang: &str, flags: &[&str]) -> Option<Job> {
+    let py = framework_python()?;
+    let client = admin().await;
+    let ns = namespace(&client, "stall").await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let marks = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..3).map(|i| format!("w-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        pod(name)
+            .labels(&format!(
+                "role=w,batch.kubernetes.io/job-completion-index={i}"
+            ))
+            .port("fw", i32::from(free_port()))
+            .create(&client, &ns)
+            .await;
+    }
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut metrics = Vec::new();
+    let mut runs = Vec::new();
+    for (k, name) in names.iter().enumerate() {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut cmd = trainlet();
+        cmd.arg("exec")
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["--pod-name", name, "--pod-namespace", &ns])
+            .arg("--output-dir")
+            .arg(dirs[k].path())
+            .args(["--job", "w=role=w", "--expect", "w=3", "--port-name", "fw"])
+            .args(["--framework", "pytorch", "--timeout", "120s"])
+            .args(["--interval", "1s", "--min-patch-interval", "1s"])
+            .args(["--metrics-addr", &addr])
+            .args(flags)
+            .arg("--")
+            .arg(py)
+            .arg(fixture("torch_stall.py"))
+            .arg(marks.path())
+            .arg(hang)
+            .env("GLOO_SOCKET_IFNAME", "lo");
+        metrics.push(addr);
+        runs.push((name.clone(), spawn(cmd)));
+    }
+    for (k, name) in names.iter().enumerate() {
+        kubelet.run(name, &format!("127.0.{net}.{}", k + 2)).await;
+    }
+    Some(Job {
+        ns,
+        metrics,
+        runs,
+        _reaper: Reaper(marks.path().display().to_string()),
+        marks,
+        _dirs: dirs,
+    })
+}
+
+impl Job {
+    /// Waits until every rank printed its result and waits for the release.
+    async fn until_done(&self) {
+        eventually("every rank's result", Duration::from_secs(180), || async {
+            (0..3)
+                .all(|r| self.marks.path().join(format!("done-{r}")).exists())
+                .then_some(())
+        })
+        .await;
+    }
+
+    fn metric(&self, k: usize, series: &str) -> f64 {
+        let (_, _, body) = http_get(&self.metrics[k], "/metrics").unwrap();
+        metric(&body, series).unwrap_or_else(|| panic!("no {series} in\n{body}"))
+    }
+
+    /// Releases the ranks and returns how each exec ended.
+    async fn finish(self) -> Vec<(String, Run)> {
+        std::fs::write(self.marks.path().join("release"), "").unwrap();
+        let mut out = Vec::new();
+        for (name, r) in self.runs {
+            let run = tokio::time::timeout(Duration::from_secs(120), r)
+                .await
+                .unwrap_or_else(|_| panic!("{name} did not end"))
+                .unwrap();
+            out.push((name, run));
+        }
+        out
+    }
+}
+
+/// The reasons and notes of the Warning and Normal Events, by pod.
+async fn events_by_pod(ns: &str) -> BTreeMap<String, Vec<(String, String)>> {
+    let mut by: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (_, reason, note, regarding) in events(&admin().await, ns).await {
+        by.entry(regarding).or_default().push((reason, note));
+    }
+    by
+}
+
+fn progress(a: &BTreeMap<String, String>) -> serde_json::Value {
+    serde_json::from_str(&a["trainlet.io/progress"]).unwrap()
+}
+
+/// Rank 2 hangs in its first run; the others wait for it in the all-reduce but look
+/// alive (their heartbeat goes on). Rank 2's exec sees no progress for 5 s, publishes
+/// the stall and restarts its CMD; the others learn of it from rank 2's
+/// `trainlet.io/progress` and restart theirs once, so the three form the group again
+/// and the second run completes.
+#[tokio::test]
+async fn a_stalled_rank_restarts_every_pods_command_once() {
+    let flags = [
+        "--stall-after",
+        "5s",
+        "--on-stall",
+        "restart",
+        "--progress-pattern",
+        r"step (\d+)",
+        "--restart-backoff",
+        "1s",
+        "--restart-grace",
+        "2s",
+    ];
+    let Some(job) = start(21, "forever", &flags).await else {
+        return;
+    };
+    job.until_done().await;
+    let client = admin().await;
+    for (k, name) in ["w-0", "w-1", "w-2"].iter().enumerate() {
+        assert_eq!(job.metric(k, "trainlet_restarts_total"), 1.0, "{name}");
+        let stalls = if *name == "w-2" { 1.0 } else { 0.0 };
+        assert_eq!(job.metric(k, "trainlet_stalls_total"), stalls, "{name}");
+        // The metric follows within an --interval of the line.
+        eventually(
+            &format!("{name} at step 5"),
+            Duration::from_secs(10),
+            || async {
+                (job.metric(k, r#"trainlet_progress_step{container="trainer"}"#) == 5.0)
+                    .then_some(())
+            },
+        )
+        .await;
+        // Not stalled again; the stall count stays with the pod that stalled.
+        let want = serde_json::json!(if *name == "w-2" { 1 } else { 0 });
+        eventually(
+            &format!("{name} not stalled"),
+            Duration::from_secs(30),
+            || async {
+                let p = progress(&annotations(&client, &job.ns, name).await);
+                (p["stalled"] == false && p["stalls"] == want && p["step"] == 5.0).then_some(())
+            },
+        )
+        .await;
+    }
+    let events = events_by_pod(&job.ns).await;
+    let stalled: Vec<&(String, String)> = events
+        .values()
+        .flatten()
+        .filter(|(r, _)| r == "Stalled")
+        .collect();
+    assert_eq!(stalled.len(), 1, "{events:?}");
+    let w2 = &events["w-2"];
+    let note = &w2.iter().find(|(r, _)| r == "Stalled").unwrap().1;
+    assert!(
+        note.starts_with("no progress for 5s; last step 2 in \"step 2\"; CMD used "),
+        "{note}"
+    );
+    assert_eq!(
+        w2.iter()
+            .filter(|(r, _)| r == "Restarting")
+            .map(|(_, n)| n.as_str())
+            .collect::<Vec<_>>(),
+        [format!(
+            "restarting {} (1 of 3) in 1s: trainer made no progress for 5s",
+            framework_python().unwrap().display()
+        )]
+    );
+    for name in ["w-0", "w-1"] {
+        let notes: Vec<&str> = events[name]
+            .iter()
+            .filter(|(r, _)| r == "Restarting")
+            .map(|(_, n)| n.as_str())
+            .collect();
+        assert_eq!(notes.len(), 1, "{name}: {notes:?}");
+        assert!(
+            notes[0].starts_with(&format!(
+                "restarting {} (1 of 3) in 1s: pod w-2 made no progress since ",
+                framework_python().unwrap().display()
+            )),
+            "{name}: {}",
+            notes[0]
+        );
+    }
+    for (name, run) in job.finish().await {
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        let result = run
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("rank="))
+            .unwrap();
+        assert!(result.ends_with("world=3 sum=3 runs=2"), "{name}: {result}");
+    }
+}
+
+/// `--on-stall report`: rank 2 hangs for 12 s once; its stall is published and cleared
+/// again when it goes on, and nothing restarts.
+#[tokio::test]
+async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
+    let flags = ["--stall-after", "5s", "--progress-pattern", r"step (\d+)"];
+    let Some(job) = start(22, "12", &flags).await else {
+        return;
+    };
+    let client = admin().await;
+    eventually("w-2 stalled", Duration::from_secs(120), || async {
+        let a = annotations(&client, &job.ns, "w-2").await;
+        a.get("trainlet.io/progress")
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .filter(|p| p["stalled"] == true)
+            .map(|p| {
+                assert_eq!(p["step"], 2.0);
+                assert_eq!(p["stalls"], 1);
+            })
+    })
+    .await;
+    job.until_done().await;
+    eventually("w-2 not stalled", Duration::from_secs(30), || async {
+        let p = progress(&annotations(&client, &job.ns, "w-2").await);
+        (p["stalled"] == false && p["step"] == 5.0).then_some(())
+    })
+    .await;
+    assert_eq!(job.metric(2, "trainlet_stalls_total"), 1.0);
+    for k in 0..3 {
+        assert_eq!(job.metric(k, "trainlet_restarts_total"), 0.0);
+    }
+    let events = events_by_pod(&job.ns).await;
+    assert_eq!(
+        events
+            .values()
+            .flatten()
+            .filter(|(r, _)| r == "Stalled")
+            .count(),
+        1
+    );
+    for (name, run) in job.finish().await {
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        assert!(
+            run.stdout.contains("world=3 sum=3 runs=1"),
+            "{name}: {}",
+            run.stdout
+        );
+    }
+}
+
+/// A CMD that computes without printing is stalled all the same: CPU use is reported,
+/// never taken for progress. Its next line clears the stall.
+#[tokio::test]
+async fn a_busy_silent_command_is_stalled_and_its_cpu_use_is_reported() {
+    let client = admin().await;
+    let ns = namespace(&client, "busy").await;
+    pod("b-0").labels("role=b").create(&client, &ns).await;
+    Kubelet::new(&client, &ns).run("b-0", "10.0.0.2").await;
+    let dir = tempfile::tempdir().unwrap();
+    write_tf_config(dir.path(), free_port());
+    let mut cmd = trainlet();
+    cmd.arg("exec")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(["--pod-name", "b-0", "--pod-namespace", &ns])
+        .arg("--output-dir")
+        .arg(dir.path())
+        .args([
+            "--stall-after",
+            "3s",
+            "--interval",
+            "1s",
+            "--min-patch-interval",
+            "1s",
+        ])
+        .args(["--metrics-addr", "off", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo start; timeout 7 sh -c 'while :; do :; done'; echo busy-done",
+        ]);
+    let r = run(&mut cmd);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "start\nbusy-done\n");
+    let events = events_by_pod(&ns).await;
+    let stalled: Vec<&String> = events["b-0"]
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(stalled.len(), 1, "{events:?}");
+    let note = stalled[0];
+    let cpu: f64 = note
+        .strip_prefix("no progress for 3s; last output \"start\"; CMD used ")
+        .and_then(|rest| rest.strip_suffix("% of a core over the window"))
+        .unwrap_or_else(|| panic!("{note}"))
+        .parse()
+        .unwrap();
+    // A busy loop, on a machine shared with other work: well above an idle CMD's 0%.
+    assert!(cpu >= 10.0, "a busy loop used {cpu}%: {note}");
+    let p = progress(&annotations(&client, &ns, "b-0").await);
+    assert_eq!(p["stalled"], false, "{p}");
+    assert_eq!(p["stalls"], 1, "{p}");
+}
+
+/// exec passes CMD's output through unchanged: 256 MiB of random bytes identical (into
+/// a file and into a pipe, the two ways exec copies), each
+/// stream's order kept, a 10 MiB line without a newline in bounded memory, and
+/// CMD's exit code and SIGTERM as without the watch.
+#[test]
+fn output_passes_through_unchanged_and_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let status = std::process::Command::new("head")
+        .args(["-c", "268435456", "/dev/urandom"])
+        .stdout(std::fs::File::create(&data).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exec = |args: &[&str]| {
+        let mut cmd = trainlet();
+        cmd.args([
+            "exec",
+            "--stall-after",
+            "1h",
+            "--metrics-addr",
+            "off",
+            "--output-dir",
+        ])
+        .arg(tmp.path())
+        .arg("--")
+        .args(args);
+        cmd
+    };
+    write_tf_config(tmp.path(), free_port());
+    let out = tmp.path().join("out");
+    let st = exec(&["cat", data.to_str().unwrap()])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    assert!(
+        std::fs::read(&out).unwrap() == std::fs::read(&data).unwrap(),
+        "the 256 MiB came out changed (into a file: read and write)"
+    );
+    // Into a pipe, as a container's stdout is: tee(2).
+    let mut child = exec(&["cat", data.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut piped = Vec::new();
+    std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut piped).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(
+        piped == std::fs::read(&data).unwrap(),
+        "the 256 MiB came out changed (into a pipe: tee)"
+    );
+
+    // Interleaved streams: each keeps its order.
+    let r = run(&mut exec(&[
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 2000 ]; do echo out $i; echo err $i >&2; i=$((i+1)); done",
+    ]));
+    assert_eq!(r.code, 0);
+    let want = |s: &str| (0..2000).map(|i| format!("{s} {i}\n")).collect::<String>();
+    assert_eq!(r.stdout, want("out"));
+    let err: String = r
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("err "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(err, want("err"));
+
+    // A 10 MiB line without a newline: exec's memory stays where a short line leaves it.
+    let hwm = |line_bytes: u64| {
+        let script = format!("head -c {line_bytes} /dev/zero | tr '\\0' x; sleep 2");
+        let mut child = exec(&["sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        kib
+    };
+    let short = hwm(10);
+    let long = hwm(10 * 1024 * 1024);
+    assert!(
+        long < short + 1024,
+        "a 10 MiB line took exec from {short} KiB to {long} KiB"
+    );
+
+    // Exit codes and SIGTERM as without the watch.
+    assert_eq!(run(&mut exec(&["sh", "-c", "exit 3"])).code, 3);
+    let mut child = exec(&[
+        "sh",
+        "-c",
+        "trap 'echo got TERM; exit 42' TERM; echo ready; while :; do sleep 0.1; done",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    assert_eq!(&first, b"ready\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(rest, "got TERM\n");
+    assert_eq!(child.wait().unwrap().code(), Some(42));
+}

@@ -1,0 +1,205 @@
+//! The built `trainlet` binary as a subprocess: its command line, its output, and
+//! agents started before their peers exist.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use kube::Client;
+
+use super::pods::pod;
+
+/// The built trainlet binary, with a clean environment: no TRAINLET_* or downward API
+/// variables leak in from the developer's shell.
+pub fn trainlet() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainlet"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TRAINLET_")
+            || k.starts_with("POD_")
+            || k == "KUBECONFIG"
+            || k == "HOSTNAME"
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("TRAINLET_LOG_LEVEL", "info");
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// The result of a trainlet run, with convenient accessors.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn from_output(out: Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+    /// The one-line error trainlet printed last.
+    pub fn error_line(&self) -> &str {
+        self.stderr
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("trainlet: error: "))
+            .map(|l| &l["trainlet: error: ".len()..])
+            .unwrap_or_else(|| panic!("no error line in stderr:\n{}", self.stderr))
+    }
+}
+
+/// Runs trainlet to completion (blocking), returning code and output.
+pub fn run(cmd: &mut Command) -> Run {
+    Run::from_output(cmd.output().expect("spawn trainlet"))
+}
+
+/// Runs trainlet on a blocking thread, so an async test can play the kubelet meanwhile.
+pub fn spawn(mut cmd: Command) -> tokio::task::JoinHandle<Run> {
+    tokio::task::spawn_blocking(move || run(&mut cmd))
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel picks it), for servers a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The files in a directory, sorted, for "nothing was written" checks.
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every file `trainlet init` writes for a job of one type, `worker`, in `list_dir`'s
+/// order.
+pub const WORKER_JOB_FILES: [&str; 8] = [
+    "cluster.json",
+    "hostfile",
+    "jax.env",
+    "mpi.env",
+    "tf_config.json",
+    "torch.env",
+    "trainlet.env",
+    "worker.host",
+];
+
+/// `trainlet init` against a namespace as pod `pod`, writing to `out`.
+pub fn init_cmd(kubeconfig: &Path, ns: &str, pod: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = trainlet();
+    cmd.arg("init")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--pod-name", pod, "--pod-namespace", ns])
+        .arg("--output-dir")
+        .arg(out)
+        .args(extra);
+    cmd
+}
+
+/// `n` pods `w-0`… labelled `role=w`, and a waiting `trainlet init` agent for each on
+/// `kubeconfig` (`--job worker=role=w --expect worker=n`): the pod names, the agents'
+/// output directories and their runs.
+pub async fn waiting_agents(
+    kubeconfig: &Path,
+    client: &Client,
+    ns: &str,
+    n: usize,
+    port: &str,
+) -> (
+    Vec<String>,
+    Vec<tempfile::TempDir>,
+    Vec<tokio::task::JoinHandle<Run>>,
+) {
+    let names: Vec<String> = (0..n).map(|i| format!("w-{i}")).collect();
+    for name in &names {
+        pod(name).labels("role=w").create(client, ns).await;
+    }
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let expect = format!("worker={n}");
+    let agents = names
+        .iter()
+        .zip(&dirs)
+        .map(|(name, d)| {
+            spawn(init_cmd(
+                kubeconfig,
+                ns,
+                name,
+                d.path(),
+                &[
+                    "--job",
+                    "worker=role=w",
+                    "--expect",
+                    &expect,
+                    "--port",
+                    port,
+                    "--timeout",
+                    "90s",
+                ],
+            ))
+        })
+        .collect();
+    (names, dirs, agents)
+}
+
+/// `trainlet sidecar` for a pod, with exactly the RBAC rights of manifests/rbac.yaml
+/// (a token of the trainlet ServiceAccount), a short probe interval, and `extra`
+/// flags.
+pub fn sidecar_cmd(kubeconfig: &Path, ns: &str, pod: &str, extra: &[&str]) -> Command {
+    let mut cmd = trainlet();
+    cmd.arg("sidecar")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--pod-name", pod, "--pod-namespace", ns])
+        .args(defaults(extra))
+        .args(extra);
+    cmd
+}
+
+/// A short probe interval and a 1 s patch interval, unless `extra` sets them.
+fn defaults(extra: &[&str]) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if !extra.contains(&"--interval") {
+        v.extend(["--interval", "200ms"]);
+    }
+    if !extra.contains(&"--min-patch-interval") {
+        v.extend(["--min-patch-interval", "1s"]);
+    }
+    v
+}
+
+/// Writes `tf_config.json` for a one-worker cluster at 127.0.0.1:`port` into `dir`,
+/// as `trainlet init` would, so `exec` skips init.
+pub fn write_tf_config(dir: &Path, port: u16) {
+    std::fs::write(
+        dir.join("tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"127.0.0.1:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":0}}}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// `trainlet exec --report` for a pod, with `dir` holding tf_config.json.
+pub fn exec_cmd(kubeconfig: &Path, ns: &str, pod: &str, dir: &Path, extra: &[&str]) -> Command {
+    let mut cmd = trainlet();
+    cmd.args(["exec", "--report"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--pod-name", pod, "--pod-namespace", ns])
+        .arg("--output-dir")
+        .arg(dir)
+        .args(defaults(extra))
+        .args(extra);
+    cmd
+}
