@@ -52,6 +52,18 @@ impl Starts {
         )
         .await
     }
+
+    /// Whether CMD started `n` times within `timeout`.
+    async fn reached(&self, n: usize, timeout: Duration) -> bool {
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            if self.read().len() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
 }
 
 /// One pod's container: `trainlet exec` and what its CMD wrote at each start.
@@ -412,6 +424,22 @@ struct HandoverPod {
     files: PathBuf,
     starts: Starts,
     _dir: tempfile::TempDir,
+}
+
+impl HandoverPod {
+    /// Waits for `n` starts of CMD; on a timeout, fails with what exec and the
+    /// sidecar logged, which is what tells why.
+    async fn wait(&self, n: usize) {
+        if !self.starts.reached(n, Duration::from_secs(90)).await {
+            panic!(
+                "timed out after 90s waiting for {n} starts of CMD in pod {} (started {}); exec logged:\n{}\nthe sidecar logged:\n{}",
+                self.starts.pod,
+                self.starts.read().len(),
+                self.exec.stderr(),
+                self.sidecar.stderr()
+            );
+        }
+    }
 }
 
 /// The directories of one pod of the shipped layout: init's volume, the observation
@@ -901,7 +929,7 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
         })
         .collect();
     for p in &pods {
-        p.starts.wait(1).await;
+        p.wait(1).await;
     }
     // Published, not stalled, by every sidecar.
     for name in &names {
@@ -919,7 +947,7 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
     }
     std::fs::write(pods[1].starts.path.with_file_name("hang"), "").unwrap();
     for p in &pods {
-        p.starts.wait(2).await;
+        p.wait(2).await;
     }
     // Once: no second restart for the same stall.
     tokio::time::sleep(Duration::from_secs(4)).await;
