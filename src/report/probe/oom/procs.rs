@@ -66,6 +66,24 @@ pub fn descendants(procs: &[ProcStat], root: u32) -> BTreeMap<u32, ProcStat> {
     out
 }
 
+/// Whether `pid` descends from `root`, following `parent_of` (a process's parent, or
+/// `None` once it is gone). Bounded: a pid namespace nests at most 32 levels, and a
+/// chain longer than [`MAX_ANCESTRY`] is not one a training command makes.
+pub fn descends_from(pid: u32, root: u32, parent_of: impl Fn(u32) -> Option<u32>) -> bool {
+    let mut pid = pid;
+    for _ in 0..MAX_ANCESTRY {
+        match parent_of(pid) {
+            Some(p) if p == root => return true,
+            Some(p) if p > 1 && p != pid => pid = p,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// How far [`descends_from`] follows a chain of parents.
+pub const MAX_ANCESTRY: usize = 64;
+
 /// The likely victims of `n` OOM kills: processes of the snapshot that are gone (or
 /// zombies) now, largest RSS first. The OOM killer picks the largest process, so
 /// among processes that vanished at the same moment the largest is the best guess.
@@ -143,6 +161,17 @@ pub fn all_processes(proc_root: &Path, page_size: u64) -> Vec<ProcStat> {
         .collect()
 }
 
+/// Whether `pid` is under `root` now, from its `/proc` ancestry: a process forked
+/// after the last snapshot of the tree is not in it yet.
+pub fn is_under(proc_root: &Path, pid: u32, root: u32) -> bool {
+    descends_from(pid, root, |p| {
+        std::fs::read_to_string(proc_root.join(p.to_string()).join("stat"))
+            .ok()
+            .and_then(|s| parse_stat(&s, 4096))
+            .map(|s| s.ppid)
+    })
+}
+
 /// Whether a pid is gone or a zombie: both mean the process was killed or exited.
 pub fn is_gone(proc_root: &Path, pid: u32, page_size: u64) -> bool {
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
@@ -155,6 +184,31 @@ pub fn is_gone(proc_root: &Path, pid: u32, page_size: u64) -> bool {
 pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn ancestry_reaches_the_root_through_any_depth_and_stops_at_init() {
+        let parents: HashMap<u32, u32> = [(9, 7), (7, 1), (12, 9), (20, 1), (30, 30)].into();
+        let parent_of = |p: u32| parents.get(&p).copied();
+        assert!(descends_from(12, 7, parent_of));
+        assert!(descends_from(9, 7, parent_of));
+        assert!(!descends_from(7, 7, parent_of));
+        assert!(!descends_from(20, 7, parent_of));
+        // Gone, or its own parent: not under the root, and no endless walk.
+        assert!(!descends_from(99, 7, parent_of));
+        assert!(!descends_from(30, 7, parent_of));
+        // Under init itself (exec as pid 1 of its container).
+        assert!(descends_from(7, 1, parent_of));
+        let chain = |p: u32| Some(p + 1);
+        assert!(!descends_from(0, u32::MAX, chain));
+    }
+
+    #[test]
+    fn this_process_is_under_its_parent() {
+        let me = std::process::id();
+        let parent = std::os::unix::process::parent_id();
+        assert!(is_under(Path::new("/proc"), me, parent));
+        assert!(!is_under(Path::new("/proc"), parent, me));
+    }
 
     #[test]
     fn stat_lines_with_awkward_comms() {

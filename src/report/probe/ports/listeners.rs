@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use crate::report::Mode;
 use crate::report::pod::PodView;
-use crate::report::probe::oom::ProcStat;
+use crate::report::probe::oom::{ProcStat, procs};
 use crate::report::probe::ports::sock_diag;
 use crate::report::probe::ports::{self, ListenerFacts, Owner, PortState};
 
@@ -67,7 +67,11 @@ impl Listeners {
     /// that ID, only the sidecar's own processes are known not to belong.
     fn in_training(&self, pid: u32, own_cgroup: &Option<String>, cx: &Context<'_>) -> Option<bool> {
         match cx.mode {
-            Mode::Exec => Some(cx.tree.contains_key(&pid)),
+            // The tree is a snapshot of the last --interval: a process CMD forked
+            // since (a trainer that bound its port at once) is looked up in /proc.
+            Mode::Exec => Some(
+                cx.tree.contains_key(&pid) || procs::is_under(&self.proc_root, pid, self.self_pid),
+            ),
             Mode::Sidecar => {
                 let cg =
                     std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
@@ -160,5 +164,51 @@ impl Listeners {
             states.insert(port, ports::classify(&facts, host_network));
         }
         self.states = states;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// exec's tree is a snapshot of the last `--interval`: a listener CMD forked after
+    /// it (a trainer that binds at once) is CMD's, not a foreign process.
+    #[test]
+    fn a_listener_forked_after_the_tree_snapshot_is_cmds() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let script = format!(
+            "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\nprint('up',flush=True)\ntime.sleep(30)"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "up\n");
+        let view = PodView::default();
+        let empty = BTreeMap::new();
+        let cx = Context {
+            mode: Mode::Exec,
+            view: &view,
+            container: "trainer",
+            tree: &empty,
+        };
+        let mut listeners = Listeners::new(Path::new("/proc"));
+        listeners.probe(&[port], &cx);
+        let state = listeners.states[&port].clone();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            matches!(&state, PortState::Listening { owner: Some(o) } if o.pid == child.id()),
+            "{state:?}"
+        );
     }
 }
