@@ -43,12 +43,16 @@ pub struct PeersState {
 /// The most stalled peers `peers.json` lists: exec acts on the earliest.
 pub const MAX_STALLED: usize = 16;
 
-/// A peer that makes no progress, since when (ms since the epoch).
+/// A peer that made no progress, since when (ms since the epoch), and whether it still
+/// makes none (a stall that ended is listed too: exec restarts once for it even if it
+/// saw only the end).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StalledPeer {
     pub pod: String,
     pub since_ms: u64,
+    #[serde(default)]
+    pub ongoing: bool,
 }
 
 impl PeersState {
@@ -88,6 +92,7 @@ mod tests {
             stalled: vec![StalledPeer {
                 pod: "w-2".into(),
                 since_ms: 1_000,
+                ongoing: true,
             }],
         };
         write(dir.path(), &s).unwrap();

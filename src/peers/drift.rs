@@ -21,6 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::follow;
+use super::progress::PeerStall;
 use super::store::{self, Store};
 use crate::cluster::drift::{self, Drift, Live, Resolved};
 use crate::cluster::published::{self, Coordination, CoordinationRole, Resolution};
@@ -88,7 +89,7 @@ pub struct PeerWatch {
     /// A follower: the generation of the resolution the drift comes from.
     pub generation: Option<u64>,
     /// The peers that publish a stall, as of the last event ([`PeerWatch::stalled`]).
-    stalls: Vec<(String, std::time::SystemTime)>,
+    stalls: Vec<PeerStall>,
 }
 
 impl PeerWatch {
@@ -228,14 +229,16 @@ impl PeerWatch {
     /// The live peers whose reporters publish a stall (`trainlet.io/progress`), with
     /// since when they make no progress, by pod name. A follower of a coordinated job
     /// sees the resolver pod's alone.
-    pub fn stalled(&self) -> Vec<(String, std::time::SystemTime)> {
+    pub fn stalled(&self) -> Vec<PeerStall> {
         let each = |name: &str, progress: &Option<String>| {
-            progress
-                .as_deref()
-                .and_then(super::progress::peer_stall)
-                .map(|since| (name.to_string(), since))
+            let (since, ongoing) = super::progress::peer_stall(progress.as_deref()?)?;
+            Some(PeerStall {
+                pod: name.to_string(),
+                since,
+                ongoing,
+            })
         };
-        let mut out: Vec<(String, std::time::SystemTime)> = match &self.source {
+        let mut out: Vec<PeerStall> = match &self.source {
             Source::Peers { pods, .. } => pods
                 .iter()
                 .flat_map(Store::values)

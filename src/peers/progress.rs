@@ -67,14 +67,45 @@ pub fn annotation(
     }
 }
 
-/// A peer's last published stall: since when it made no progress. Also after the
-/// stall ended: `--on-stall restart` ends it within seconds, and a peer must restart
-/// once for it even if its watch saw only the version after.
-pub fn peer_stall(text: &str) -> Option<SystemTime> {
+/// A peer's last published stall, by pod name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerStall {
+    pub pod: String,
+    /// Since when it made no progress.
+    pub since: SystemTime,
+    /// Whether it is still stalled (`stalled` in the annotation).
+    pub ongoing: bool,
+}
+
+/// A peer's last published stall: since when it made no progress, and whether it still
+/// makes none. Also after the stall ended: `--on-stall restart` ends it within seconds,
+/// and a peer must restart once for it even if its watch saw only the version after.
+pub fn peer_stall(text: &str) -> Option<(SystemTime, bool)> {
     let a: Annotation = serde_json::from_str(text).ok()?;
-    a.since
-        .as_deref()
-        .and_then(|s| humantime::parse_rfc3339(s).ok())
+    let since = humantime::parse_rfc3339(a.since.as_deref()?).ok()?;
+    Some((since, a.stalled))
+}
+
+/// The peer stall a pod's CMD restarts for, if any: the earliest of the others' that
+/// this CMD was not already restarted for (`acted`, the stalls known at its last
+/// restart) and that is either still going on or began after this CMD `started`.
+///
+/// A stall still going on counts even if it began before this CMD started: the pod
+/// that hangs at the rendezvous before a slower peer has even started is the common
+/// case, and that peer's CMD waits on it too. One that has ended and began before is
+/// old news, the one an earlier restart (or an earlier pod) already answered.
+pub fn to_act_on<'a>(
+    stalls: &'a [PeerStall],
+    own: Option<&str>,
+    started: SystemTime,
+    acted: &[PeerStall],
+) -> Option<&'a PeerStall> {
+    stalls
+        .iter()
+        .filter(|s| Some(s.pod.as_str()) != own)
+        .filter(|s| !acted.iter().any(|a| a.pod == s.pod && a.since == s.since))
+        .filter(|s| s.ongoing || s.since > started)
+        .min_by_key(|s| s.since)
 }
 
 fn ms(t: SystemTime) -> u64 {
@@ -136,9 +167,56 @@ mod tests {
         );
         assert_eq!(
             peer_stall(&serde_json::to_string(&stalled).unwrap()),
-            Some(UNIX_EPOCH + Duration::from_secs(1000))
+            Some((UNIX_EPOCH + Duration::from_secs(1000), true))
+        );
+        let ended = r#"{"stalled":false,"since":"1970-01-01T00:16:40.000Z","stalls":1}"#;
+        assert_eq!(
+            peer_stall(ended),
+            Some((UNIX_EPOCH + Duration::from_secs(1000), false))
         );
         assert_eq!(peer_stall(&serde_json::to_string(&first).unwrap()), None);
         assert_eq!(peer_stall("not json"), None);
+    }
+
+    fn stall(pod: &str, since_s: u64, ongoing: bool) -> PeerStall {
+        PeerStall {
+            pod: pod.into(),
+            since: UNIX_EPOCH + Duration::from_secs(since_s),
+            ongoing,
+        }
+    }
+
+    #[test]
+    fn a_peer_stall_is_acted_on_once_whether_it_began_before_or_after_cmd_started() {
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let pick = |stalls: &[PeerStall], started, acted: &[PeerStall]| {
+            to_act_on(stalls, Some("w-2"), t(started), acted).map(|s| s.pod.clone())
+        };
+        // Still stalled, since before this CMD started (a peer that hung at the
+        // rendezvous before this pod came up): acted on.
+        assert_eq!(
+            pick(&[stall("w-1", 10, true)], 12, &[]).as_deref(),
+            Some("w-1")
+        );
+        // Ended, and began before this CMD started: old news.
+        assert_eq!(pick(&[stall("w-1", 10, false)], 12, &[]), None);
+        // Ended after a short stall this pod's watch only saw the end of: acted on.
+        assert_eq!(
+            pick(&[stall("w-1", 14, false)], 12, &[]).as_deref(),
+            Some("w-1")
+        );
+        // Once: not again after the restart it caused, ongoing or not.
+        let acted = [stall("w-1", 10, true)];
+        assert_eq!(pick(&[stall("w-1", 10, true)], 20, &acted), None);
+        assert_eq!(pick(&[stall("w-1", 10, false)], 20, &acted), None);
+        // A new stall of the same pod is another.
+        assert_eq!(
+            pick(&[stall("w-1", 25, true)], 20, &acted).as_deref(),
+            Some("w-1")
+        );
+        // Its own is exec's own to see; the earliest of several first.
+        assert_eq!(pick(&[stall("w-2", 13, true)], 12, &[]), None);
+        let several = [stall("w-3", 16, true), stall("w-0", 15, true)];
+        assert_eq!(pick(&several, 12, &[]).as_deref(), Some("w-0"));
     }
 }

@@ -1017,6 +1017,62 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
     delete_namespace(&client, &ns).await;
 }
 
+/// A rank that hangs from its start, before a slower peer has even started (the usual
+/// hang at the rendezvous): its stall began before that peer's CMD started, yet it is
+/// still going on, so that peer restarts once too, as does the one that started first.
+#[tokio::test]
+async fn without_credentials_a_rank_hung_before_a_later_pod_started_restarts_that_pod_too() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "handover-early-stall", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let port = free_port();
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.7.{}", 10 + i)).await;
+    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
+    let mut pods: Vec<HandoverPod> = Vec::new();
+    for (i, p) in names.iter().enumerate() {
+        let dirs = handover_dirs();
+        let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
+        assert_eq!(r.code, 0, "{p}: {}", r.stderr);
+        if i == 1 {
+            // Silent from its first moment: its stall is since its exec started.
+            std::fs::write(dirs.dir.path().join("hang"), "").unwrap();
+        }
+        let pod = start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING);
+        // Each pod's CMD starts after the one before it is up.
+        pod.wait(1).await;
+        pods.push(pod);
+    }
+    for p in &pods {
+        p.wait(2).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (p, name) in pods.iter().zip(&names) {
+        assert_eq!(p.starts.read().len(), 2, "{name}");
+        let text = p.sidecar.metrics().await;
+        assert_eq!(
+            metric(&text, "trainlet_restarts_total"),
+            Some(1.0),
+            "{name}"
+        );
+    }
+    let w = warnings_of(&client, &ns, &names[2]).await;
+    let restarting: Vec<&str> = w
+        .iter()
+        .filter(|(r, _)| r == "Restarting")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    let want = format!(
+        "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+        names[1]
+    );
+    assert!(
+        restarting.len() == 1 && restarting[0].starts_with(&want),
+        "{restarting:?}"
+    );
+    delete_namespace(&client, &ns).await;
+}
+
 /// `--on-stall exit` in the shipped layout: exec stops the silent CMD and exits 8,
 /// with the stall in the termination message; the sidecar publishes the stall.
 #[tokio::test]

@@ -12,6 +12,7 @@ use super::Engine;
 use crate::cluster::drift;
 use crate::flags;
 use crate::handover::peers::{self, MAX_STALLED, PeersState, StalledPeer, VERSION};
+use crate::peers::progress::PeerStall;
 use crate::render;
 
 /// The sidecar's end.
@@ -77,16 +78,15 @@ impl Incoming {
         self.state.as_ref().map_or(0, |s| s.generation)
     }
 
-    /// The peers the sidecar reports stalled, with since when.
-    pub fn stalled(&self) -> Vec<(String, SystemTime)> {
+    /// The peers the sidecar reports stalled.
+    pub fn stalled(&self) -> Vec<PeerStall> {
         self.state
             .iter()
             .flat_map(|s| &s.stalled)
-            .map(|p| {
-                (
-                    p.pod.clone(),
-                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms),
-                )
+            .map(|p| PeerStall {
+                pod: p.pod.clone(),
+                since: std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms),
+                ongoing: p.ongoing,
             })
             .collect()
     }
@@ -153,13 +153,15 @@ impl Engine {
         let stalled: Vec<StalledPeer> = watch
             .stalled()
             .into_iter()
-            .filter(|(pod, _)| Some(pod) != own.as_ref())
+            .filter(|s| Some(&s.pod) != own.as_ref())
             .take(MAX_STALLED)
-            .map(|(pod, since)| StalledPeer {
-                pod,
-                since_ms: since
+            .map(|s| StalledPeer {
+                since_ms: s
+                    .since
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
+                pod: s.pod,
+                ongoing: s.ongoing,
             })
             .collect();
         // A restart exec makes for a peer's stall is one this sidecar told it of.

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
-use crate::peers::progress::annotation;
+use crate::peers::progress::{PeerStall, annotation, to_act_on};
 use crate::supervise::output::Watch;
 use crate::supervise::policy::OnStall;
 use crate::supervise::progress::{Progress, StallWatch, Transition, WatchConfig, stalled_note};
@@ -35,9 +35,11 @@ pub(super) struct Watching {
     /// stall ends, so that a peer whose watch missed the short time a restarted stall
     /// is published as one still restarts once for it.
     last_stall: Option<SystemTime>,
-    /// When CMD last started: a peer's stall that began before it is one CMD was
-    /// already restarted for.
+    /// When CMD last started: a peer's stall that ended and began before it is old
+    /// news.
     pub started: SystemTime,
+    /// The peers' stalls known when CMD last restarted: the restart answered them.
+    acted: Vec<PeerStall>,
 }
 
 impl Watching {
@@ -50,6 +52,7 @@ impl Watching {
             note: String::new(),
             last_stall: None,
             started: now,
+            acted: Vec::new(),
         }
     }
 
@@ -180,8 +183,7 @@ impl Engine {
     }
 
     /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
-    /// own, or a peer's that began after CMD last started here (one that began before
-    /// is the one CMD was restarted for).
+    /// own, or a peer's ([`crate::peers::progress::to_act_on`]).
     pub(super) fn act_on_stall(&self) -> Option<String> {
         if self.cfg.mode != Mode::Exec || self.cfg.restart.on_stall == OnStall::Report {
             return None;
@@ -194,26 +196,29 @@ impl Engine {
                 humantime::format_duration(s.after)
             ));
         }
-        let peers: Vec<(String, SystemTime)> = match (&self.peers_in, &self.peers) {
-            (Some(p), _) => p.stalled(),
-            (None, Some(p)) => p.stalled(),
-            _ => Vec::new(),
-        };
+        let peers = self.peer_stalls();
         let own = self
             .view
             .pod
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
-        peers
-            .into_iter()
-            .filter(|(pod, since)| Some(pod.as_str()) != own && *since > w.started)
-            .min_by_key(|(_, since)| *since)
-            .map(|(pod, since)| {
-                format!(
-                    "pod {pod} made no progress since {}",
-                    crate::report::probe::oom::rfc3339(since)
-                )
-            })
+        to_act_on(&peers, own, w.started, &w.acted).map(|s| {
+            format!(
+                "pod {} made no progress since {}",
+                s.pod,
+                crate::report::probe::oom::rfc3339(s.since)
+            )
+        })
+    }
+
+    /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
+    /// own peer watch.
+    fn peer_stalls(&self) -> Vec<PeerStall> {
+        match (&self.peers_in, &self.peers) {
+            (Some(p), _) => p.stalled(),
+            (None, Some(p)) => p.stalled(),
+            _ => Vec::new(),
+        }
     }
 
     /// `trainlet.io/progress` as of now, for the annotations: exec's own progress
@@ -241,11 +246,14 @@ impl Engine {
         Some(text)
     }
 
-    /// CMD started again: its silence counts from now.
+    /// CMD started again: its silence counts from now, and the peers' stalls known now
+    /// were answered by this restart. Called before the peer watch is made anew.
     pub(super) fn progress_restarted(&mut self) {
         let now = SystemTime::now();
+        let known = self.peer_stalls();
         if let Some(w) = self.progress.as_mut() {
             w.started = now;
+            w.acted = known;
             if let Some(s) = w.stall.as_mut() {
                 s.restart(now);
             }
