@@ -637,24 +637,13 @@ mod tests {
         recent: &'a [OomKill],
     ) -> Report {
         assemble(Observed {
-            mode: "sidecar",
-            container: "trainer",
-            since: "2026-11-21T10:00:00Z",
-            gpu: g,
-            expected: e,
             ports,
             oom_total: by.values().sum(),
             oom_by_container: by,
             oom_recent: recent,
             oom_sources: vec!["pod status".into()],
-            errors: BTreeMap::new(),
             gpus_seen: g.count(),
-            gpu_lost: None,
-            xids: &NO_XIDS,
-            gpu_unknown: None,
-            exec: None,
-            cluster: None,
-            unpublished: None,
+            ..observed(g, e)
         })
     }
 
@@ -823,23 +812,13 @@ mod tests {
         };
         state.step(Observed {
             mode: "exec",
-            container: "trainer",
-            since: "2026-11-21T10:00:00Z",
-            gpu: g,
-            expected: e,
             ports,
             oom_total: kills.len() as u64,
             oom_by_container: &by,
             oom_recent: kills,
             oom_sources: vec!["pod status".into()],
-            errors: BTreeMap::new(),
             gpus_seen: g.count(),
-            gpu_lost: None,
-            xids: &NO_XIDS,
-            gpu_unknown: None,
-            exec: None,
-            cluster: None,
-            unpublished: None,
+            ..observed(g, e)
         })
     }
 
@@ -847,23 +826,9 @@ mod tests {
     fn step_gpu(state: &mut State, g: &GpuInfo, seen: u32, xids: &XidLedger) -> Step {
         state.step(Observed {
             mode: "exec",
-            container: "trainer",
-            since: "2026-11-21T10:00:00Z",
-            gpu: g,
-            expected: None,
-            ports: &BTreeMap::new(),
-            oom_total: 0,
-            oom_by_container: &BTreeMap::new(),
-            oom_recent: &[],
-            oom_sources: vec![],
-            errors: BTreeMap::new(),
             gpus_seen: seen,
-            gpu_lost: None,
             xids,
-            gpu_unknown: None,
-            exec: None,
-            cluster: None,
-            unpublished: None,
+            ..observed(g, None)
         })
     }
 
@@ -892,25 +857,12 @@ mod tests {
             }),
         };
         let ports = BTreeMap::from([(8470, held)]);
+        let eight = gpus(8);
         let s = state.step(Observed {
-            mode: "sidecar",
-            container: "trainer",
-            since: "2026-11-21T10:00:00Z",
-            gpu: &gpus(8),
-            expected: None,
             ports: &ports,
-            oom_total: 0,
-            oom_by_container: &BTreeMap::new(),
-            oom_recent: &[],
-            oom_sources: vec![],
-            errors: BTreeMap::new(),
             gpus_seen: 8,
-            gpu_lost: None,
             xids: &xids,
-            gpu_unknown: None,
-            exec: None,
-            cluster: None,
-            unpublished: None,
+            ..observed(&eight, None)
         });
         let conflict = "port 8470 is held by process nc (pid 7), which is not part of container trainer; trainer cannot listen on it";
         assert_eq!(s.report.reasons.len(), 5, "{:?}", s.report.reasons);
@@ -939,24 +891,9 @@ mod tests {
         let mut state = State::default();
         let observe = |state: &mut State, g: &GpuInfo, lost: Option<&str>| {
             state.step(Observed {
-                mode: "sidecar",
-                container: "trainer",
-                since: "2026-11-21T10:00:00Z",
-                gpu: g,
-                expected: None,
-                ports: &BTreeMap::new(),
-                oom_total: 0,
-                oom_by_container: &BTreeMap::new(),
-                oom_recent: &[],
-                oom_sources: vec![],
-                errors: BTreeMap::new(),
                 gpus_seen: 4,
                 gpu_lost: lost,
-                xids: &NO_XIDS,
-                gpu_unknown: None,
-                exec: None,
-                cluster: None,
-                unpublished: None,
+                ..observed(g, None)
             })
         };
         observe(&mut state, &gpus(4), None);
@@ -986,26 +923,12 @@ mod tests {
     #[test]
     fn a_gpu_count_that_becomes_known_is_urgent() {
         let mut state = State::default();
+        let four = gpus(4);
         let observe = |state: &mut State, unknown: Option<&str>| {
             state.step(Observed {
-                mode: "sidecar",
-                container: "trainer",
-                since: "2026-11-21T10:00:00Z",
-                gpu: &gpus(4),
-                expected: None,
-                ports: &BTreeMap::new(),
-                oom_total: 0,
-                oom_by_container: &BTreeMap::new(),
-                oom_recent: &[],
-                oom_sources: vec![],
-                errors: BTreeMap::new(),
                 gpus_seen: 4,
-                gpu_lost: None,
-                xids: &NO_XIDS,
                 gpu_unknown: unknown,
-                exec: None,
-                cluster: None,
-                unpublished: None,
+                ..observed(&four, None)
             })
         };
         let first = observe(&mut state, Some("no observations yet"));
@@ -1268,7 +1191,7 @@ mod tests {
         let mut st = State::default();
         let s = st.step(Observed {
             gpu_unknown: Some("no observations"),
-            ..observed_exec(&none, Some(&e))
+            ..observed(&none, Some(&e))
         });
         assert_eq!(s.report.health, Health::Ok);
         assert_eq!(s.report.gpu.status, GpuStatus::Unknown);
@@ -1277,7 +1200,9 @@ mod tests {
         assert!(s.events.is_empty());
     }
 
-    fn observed_exec<'a>(g: &'a GpuInfo, e: Option<&'a Expected>) -> Observed<'a> {
+    /// What a sidecar of container `trainer` observes with nothing wrong but the GPUs
+    /// `g`: the base the tests change.
+    fn observed<'a>(g: &'a GpuInfo, e: Option<&'a Expected>) -> Observed<'a> {
         static NONE: BTreeMap<u16, PortState> = BTreeMap::new();
         static BY: BTreeMap<String, u64> = BTreeMap::new();
         Observed {
