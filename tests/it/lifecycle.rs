@@ -45,12 +45,12 @@ impl Starts {
     }
 
     async fn wait(&self, n: usize) -> Vec<(f64, String)> {
-        eventually(
-            &format!("{n} starts of CMD in pod {}", self.pod),
-            Duration::from_secs(90),
-            || async { (self.read().len() >= n).then(|| self.read()) },
-        )
-        .await
+        assert!(
+            self.reached(n, Duration::from_secs(90)).await,
+            "timed out after 90s waiting for {n} starts of CMD in pod {}",
+            self.pod
+        );
+        self.read()
     }
 
     /// Whether CMD started `n` times within `timeout`.
@@ -905,6 +905,46 @@ while :; do
 done"#,
 ];
 
+/// A Job of 3 pods in the shipped layout, each running [`TICKING`] under
+/// `--stall-after 2s --on-stall restart`, in a new namespace `prefix-…` with pod IPs
+/// 10.9.`subnet`.10-12; each pod's CMD starts after the one before it is up. Pod
+/// `hung` (if any) is silent from its first moment.
+async fn stall_restart_job(
+    client: &kube::Client,
+    prefix: &str,
+    subnet: u8,
+    hung: Option<usize>,
+) -> (String, Vec<String>, Vec<HandoverPod>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(client, prefix, dir.path()).await;
+    indexed_job(client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let port = free_port();
+    let names = run_job_pods(client, &ns, "w", 3, |i| format!("10.9.{subnet}.{}", 10 + i)).await;
+    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
+    let mut pods = Vec::new();
+    for (i, p) in names.iter().enumerate() {
+        let dirs = handover_dirs();
+        let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
+        assert_eq!(r.code, 0, "{p}: {}", r.stderr);
+        if hung == Some(i) {
+            std::fs::write(dirs.dir.path().join("hang"), "").unwrap();
+        }
+        let pod = start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING);
+        pod.wait(1).await;
+        pods.push(pod);
+    }
+    (ns, names, pods, dir)
+}
+
+/// The notes of the `Restarting` Events among `warnings`.
+fn restarting(warnings: &[(String, String)]) -> Vec<String> {
+    warnings
+        .iter()
+        .filter(|(r, _)| r == "Restarting")
+        .map(|(_, n)| n.clone())
+        .collect()
+}
+
 /// The stall watch in the shipped layout (exec without credentials): pod 1's CMD goes
 /// silent; its exec hands the stall to its sidecar, which publishes it
 /// (`trainlet.io/progress`, the `Stalled` Event); the other pods' sidecars see it on
@@ -913,24 +953,7 @@ done"#,
 #[tokio::test]
 async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once() {
     let client = admin().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (ns, kc) = rbac_namespace(&client, "handover-stall", dir.path()).await;
-    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
-    let port = free_port();
-    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.6.{}", 10 + i)).await;
-    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
-    let pods: Vec<HandoverPod> = names
-        .iter()
-        .map(|p| {
-            let dirs = handover_dirs();
-            let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
-            assert_eq!(r.code, 0, "{p}: {}", r.stderr);
-            start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING)
-        })
-        .collect();
-    for p in &pods {
-        p.wait(1).await;
-    }
+    let (ns, names, pods, _dir) = stall_restart_job(&client, "handover-stall", 6, None).await;
     // Published, not stalled, by every sidecar.
     for name in &names {
         eventually(
@@ -993,12 +1016,6 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
         "{}",
         notes[0]
     );
-    let restarting = |w: &[(String, String)]| -> Vec<String> {
-        w.iter()
-            .filter(|(r, _)| r == "Restarting")
-            .map(|(_, n)| n.clone())
-            .collect()
-    };
     assert_eq!(
         restarting(&stalled),
         ["restarting sh (1 of 3) in 1s: main made no progress for 2s"]
@@ -1023,26 +1040,9 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
 #[tokio::test]
 async fn without_credentials_a_rank_hung_before_a_later_pod_started_restarts_that_pod_too() {
     let client = admin().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (ns, kc) = rbac_namespace(&client, "handover-early-stall", dir.path()).await;
-    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
-    let port = free_port();
-    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.9.7.{}", 10 + i)).await;
-    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
-    let mut pods: Vec<HandoverPod> = Vec::new();
-    for (i, p) in names.iter().enumerate() {
-        let dirs = handover_dirs();
-        let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
-        assert_eq!(r.code, 0, "{p}: {}", r.stderr);
-        if i == 1 {
-            // Silent from its first moment: its stall is since its exec started.
-            std::fs::write(dirs.dir.path().join("hang"), "").unwrap();
-        }
-        let pod = start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING);
-        // Each pod's CMD starts after the one before it is up.
-        pod.wait(1).await;
-        pods.push(pod);
-    }
+    // Silent from its first moment: its stall is since its exec started.
+    let (ns, names, pods, _dir) =
+        stall_restart_job(&client, "handover-early-stall", 7, Some(1)).await;
     for p in &pods {
         p.wait(2).await;
     }
@@ -1056,20 +1056,12 @@ async fn without_credentials_a_rank_hung_before_a_later_pod_started_restarts_tha
             "{name}"
         );
     }
-    let w = warnings_of(&client, &ns, &names[2]).await;
-    let restarting: Vec<&str> = w
-        .iter()
-        .filter(|(r, _)| r == "Restarting")
-        .map(|(_, n)| n.as_str())
-        .collect();
+    let notes = restarting(&warnings_of(&client, &ns, &names[2]).await);
     let want = format!(
         "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
         names[1]
     );
-    assert!(
-        restarting.len() == 1 && restarting[0].starts_with(&want),
-        "{restarting:?}"
-    );
+    assert!(notes.len() == 1 && notes[0].starts_with(&want), "{notes:?}");
     delete_namespace(&client, &ns).await;
 }
 
