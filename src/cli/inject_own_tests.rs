@@ -458,3 +458,63 @@ fn a_second_inject_applies_its_flags_and_says_what_it_drops() {
         ]
     );
 }
+
+/// What the API server sends back (`kubectl get -o yaml`: `apiVersion: v1` in every
+/// fieldRef, defaults in every container) is still inject's own where it was.
+#[test]
+fn inject_knows_its_own_objects_as_the_api_server_returns_them() {
+    fn as_returned(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                if let Some(serde_json::Value::Object(f)) = o.get_mut("fieldRef") {
+                    f.insert("apiVersion".into(), "v1".into());
+                }
+                if o.contains_key("image") {
+                    o.insert("imagePullPolicy".into(), "IfNotPresent".into());
+                    o.insert(
+                        "terminationMessagePath".into(),
+                        "/dev/termination-log".into(),
+                    );
+                }
+                o.values_mut().for_each(as_returned);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(as_returned),
+            _ => {}
+        }
+    }
+    for (args, init, containers) in [
+        (
+            &["--wrap", "train"][..],
+            &["trainlet-init", "trainlet"][..],
+            &["train"][..],
+        ),
+        (
+            &["--classic-sidecar", "--shm-size", "1Gi"],
+            &["trainlet-init"],
+            &["train", "trainlet"],
+        ),
+    ] {
+        let c = cfg(args);
+        let once = inject(&job("", ""), &c).unwrap();
+        let mut returned =
+            yaml::to_json(&yaml::parse(&yaml::split_documents(&once.yaml)[0]).unwrap()[0]);
+        as_returned(&mut returned);
+        let again = inject(&returned.to_string(), &c).unwrap_or_else(|e| panic!("{e}"));
+        let (before, after) = (spec_of(&once.yaml), spec_of(&again.yaml));
+        let names = |list: &str| -> Vec<String> {
+            after[list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(after["volumes"], before["volumes"], "{args:?}");
+        assert_eq!(names("initContainers"), init, "{args:?}");
+        assert_eq!(names("containers"), containers, "{args:?}");
+        assert_eq!(
+            after["containers"][0]["command"],
+            before["containers"][0]["command"]
+        );
+    }
+}

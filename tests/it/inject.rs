@@ -286,7 +286,8 @@ fn server_dry_run(ns: &str, yaml: &str) -> Result<serde_json::Value, String> {
 /// config mounted at /etc/trainlet, a /dev/shm/ (trailing slash), a POD_NAME and a
 /// `trainlet exec` with flags. At the default --output-dir inject refuses it (exit 2,
 /// nothing on stdout), as the API server would refuse the pod; with another
-/// --output-dir the API server accepts the Job, and the user's things are all there.
+/// --output-dir the API server accepts the Job, and the user's things are all there;
+/// what the API server returns is injected again as inject's own.
 #[tokio::test]
 async fn the_api_server_accepts_inject_beside_the_users_own_objects() {
     let client = admin().await;
@@ -371,6 +372,29 @@ spec:
     assert_eq!(
         train["env"][0],
         serde_json::json!({"name": "POD_NAME", "value": "worker"})
+    );
+    // What the API server sends back is inject's own where it was: injected again, it
+    // keeps the same containers, volumes and command.
+    let again = inject_stdin(&args, &applied.to_string());
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let reapplied = {
+        use trainlet::inject::yaml;
+        yaml::to_json(&yaml::parse(&yaml::split_documents(&again.stdout)[0]).unwrap()[0])
+    };
+    for key in ["initContainers", "containers", "volumes"] {
+        let names = |v: &serde_json::Value| -> Vec<String> {
+            v["spec"]["template"]["spec"][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names(&reapplied), names(&applied), "{key}");
+    }
+    assert_eq!(
+        reapplied["spec"]["template"]["spec"]["containers"][0]["command"],
+        train["command"]
     );
 }
 

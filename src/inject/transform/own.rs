@@ -57,28 +57,35 @@ pub(super) fn is_injected_volume(name: &str, v: &Node) -> bool {
         },
         _ => return false,
     };
-    yaml::to_json(v) == yaml::to_json(&ours)
+    as_sent(v) == as_sent(&ours)
+}
+
+/// A node as JSON, without the `apiVersion: v1` the API server adds to every
+/// `fieldRef`: what inject wrote, also when it comes back from `kubectl get -o yaml`.
+fn as_sent(n: &Node) -> serde_json::Value {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                if let Some(serde_json::Value::Object(f)) = o.get_mut("fieldRef")
+                    && f.get("apiVersion").and_then(|a| a.as_str()) == Some("v1")
+                {
+                    f.remove("apiVersion");
+                }
+                o.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut v = yaml::to_json(n);
+    strip(&mut v);
+    v
 }
 
 /// The same variable from the same field of the downward API (the API server may
 /// add `apiVersion: v1` to the fieldRef).
 pub(super) fn same_env(a: &Node, b: &Node) -> bool {
-    let field = |e: &Node| {
-        let j = yaml::to_json(e);
-        let only_field_ref = j.as_object().is_some_and(|o| {
-            o.keys().all(|k| k == "name" || k == "valueFrom")
-                && j["valueFrom"]
-                    .as_object()
-                    .is_some_and(|v| v.len() == 1 && v.contains_key("fieldRef"))
-        });
-        only_field_ref.then(|| {
-            (
-                j["name"].clone(),
-                j["valueFrom"]["fieldRef"]["fieldPath"].clone(),
-            )
-        })
-    };
-    field(a).is_some() && field(a) == field(b)
+    as_sent(a) == as_sent(b)
 }
 
 /// trainlet's own variable for the pod's name or namespace (`--pod-name`,
