@@ -508,7 +508,7 @@ pub struct InjectArgs {
     /// (either may be left out to keep its default). Requests equal limits, so a pod
     /// whose other containers are Guaranteed stays in the Guaranteed QoS class, which
     /// the kubelet's static CPU manager and topology manager need to align CPUs with
-    /// GPUs.
+    /// GPUs. Memory takes `Mi` or `Gi`: `128m` would be 128 millibytes, and is refused.
     #[arg(long = flags::RESOURCES, env = "TRAINLET_RESOURCES", value_name = "cpu=Q,memory=Q", default_value = defaults::RESOURCES)]
     pub resources: String,
 
