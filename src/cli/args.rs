@@ -498,11 +498,23 @@ pub struct InjectArgs {
     #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
     pub on_peer_change: PeerChange,
 
+    /// With --wrap: how many times the wrapped container's `trainlet exec` restarts its
+    /// command (`--on-peer-change restart`, `--on-stall restart`) before the next change
+    /// exits instead (`exec --max-restarts`, written into its command).
+    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    pub max_restarts: u32,
+
+    /// With --wrap: how long the wrapped command has between SIGTERM and SIGKILL when
+    /// its `trainlet exec` stops it for a restart or an exit (`exec --restart-grace`,
+    /// written into its command).
+    #[arg(long = flags::RESTART_GRACE, env = "TRAINLET_RESTART_GRACE", value_name = "DURATION", default_value = defaults::RESTART_GRACE)]
+    pub restart_grace: String,
+
     /// CPU and memory of trainlet's init container and sidecar, as `cpu=Q,memory=Q`
     /// (either may be left out to keep its default). Requests equal limits, so a pod
     /// whose other containers are Guaranteed stays in the Guaranteed QoS class, which
     /// the kubelet's static CPU manager and topology manager need to align CPUs with
-    /// GPUs.
+    /// GPUs. Memory takes `Mi` or `Gi`: `128m` would be 128 millibytes, and is refused.
     #[arg(long = flags::RESOURCES, env = "TRAINLET_RESOURCES", value_name = "cpu=Q,memory=Q", default_value = defaults::RESOURCES)]
     pub resources: String,
 

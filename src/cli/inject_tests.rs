@@ -1118,7 +1118,7 @@ spec:
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "batch/v1 Job \"mnist\" (document 1): has a volume \"trainlet-token\" that trainlet inject did not add; inject adds its own under that name: rename yours"
+        "batch/v1 Job \"mnist\" (document 1): has a volume \"trainlet-token\" that trainlet inject did not add; inject adds its own under that name: rename yours (and the volumeMounts that use it)"
     );
     // inject's own, from an earlier inject: replaced, as always.
     let once = inject(&job("", ""), &config(&args)).unwrap();
