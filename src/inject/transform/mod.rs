@@ -63,6 +63,9 @@ pub struct InjectConfig {
     pub metrics_port: u16,
     /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
     pub failure_policy: bool,
+    /// The training container's permanent exit codes (`--permanent-exit-codes`);
+    /// `None`: trainlet's (`crate::exit::CMD_PERMANENT`).
+    pub permanent_exit_codes: Option<Vec<i32>>,
     /// The flags of the wrapped container's `trainlet exec`, from `--report` on.
     pub exec_args: Vec<String>,
     /// CPU and memory of trainlet's containers, requests and limits alike.
