@@ -322,7 +322,11 @@ pub struct ExecArgs {
     pub init: InitArgs,
 
     /// Stay as CMD's parent and run the reporters (GPUs, ports, OOM kills of CMD and its
-    /// children) in-process, forwarding signals to CMD.
+    /// children) in-process, forwarding signals to CMD. CMD's root cause, from the
+    /// TORCHELASTIC_ERROR_FILE that exec sets for it, goes into the termination message;
+    /// a launcher (torchrun, mpirun, deepspeed, accelerate launch) that exits 1 ends
+    /// exec with 9 (retryable) unless that root cause is permanent (an ImportError, a
+    /// SyntaxError, ...). See docs/failure-handling.md.
     #[arg(long = flags::REPORT, env = "TRAINLET_REPORT")]
     pub report: bool,
 
@@ -489,6 +493,18 @@ pub struct InjectArgs {
     /// podFailurePolicy requires. See docs/failure-handling.md.
     #[arg(long = flags::FAILURE_POLICY, env = "TRAINLET_FAILURE_POLICY")]
     pub failure_policy: bool,
+
+    /// With --failure-policy: the training container's exit codes that fail the Job at
+    /// once, comma-separated (e.g. `2,126,127,42`), instead of trainlet's (1, 2, 126,
+    /// 127, 128, 139; 2, 126, 127, 128, 139 for a container that runs a launcher such
+    /// as torchrun itself, whose exit 1 may be any worker's transient failure). Each
+    /// from 1 to 255; every other code is counted against backoffLimit.
+    #[arg(
+        long = flags::PERMANENT_EXIT_CODES,
+        env = "TRAINLET_PERMANENT_EXIT_CODES",
+        value_name = "CODES"
+    )]
+    pub permanent_exit_codes: Option<String>,
 
     /// With --wrap: what the wrapped container's `trainlet exec` does when a peer is lost
     /// or replaced after the start (`exec --on-peer-change`, written into its command):

@@ -9,8 +9,11 @@
 //! CMD's status. With `--on-peer-change restart` it also keeps init's flags: after a
 //! peer change, the init workflow runs again (wait, resolve, write) before CMD does.
 
+use std::cell::Cell;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::SystemTime;
 
 use crate::cli::args::ExecArgs;
 use crate::cli::values::PeerChange;
@@ -19,6 +22,7 @@ use crate::render::frameworks::{self, envfile};
 use crate::render::{self, CLUSTER_FILE, ENV_FILE, TF_CONFIG_FILE, TfConfig};
 use crate::report::engine;
 use crate::supervise::child::SpawnError;
+use crate::supervise::launcher::{self, Verdict};
 use crate::supervise::lifecycle::{self, Respawn, Resume};
 use crate::supervise::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::{Exit, Failure, bootstrap};
@@ -69,8 +73,30 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     };
     let cmd = with_heartbeat(command(&args.command, env, &dir));
     if let Some(cfg) = report {
+        // Where CMD (torchrun, a worker's `@record`) writes its root cause: the user's
+        // TORCHELASTIC_ERROR_FILE, else a file of exec's own.
+        let error_file = error_file();
+        let with_error_file = {
+            let error_file = error_file.clone();
+            move |mut cmd: std::process::Command| {
+                if let Some((path, ours)) = &error_file
+                    && *ours
+                {
+                    cmd.env(launcher::ERROR_FILE_ENV, path);
+                }
+                cmd
+            }
+        };
+        let cmd = with_error_file(cmd);
+        // When CMD last started: an error file from before is a previous run's.
+        let started = Rc::new(Cell::new(SystemTime::now()));
         let argv = args.command.clone();
         let dir = dir.clone();
+        let restarted = started.clone();
+        let with_heartbeat = move |cmd: std::process::Command| {
+            restarted.set(SystemTime::now());
+            with_error_file(with_heartbeat(cmd))
+        };
         let respawn: Respawn = Box::new(move |resume| {
             let init_cfg = match resume {
                 Resume::PeerChange { after } => init_cfg.clone().map(|mut c| {
@@ -108,10 +134,30 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
                 engine::exec_reporter(cfg, cmd, &program, ports).await?;
             lifecycle::run(&mut reporter, &mut signals, &program, respawn).await
         })?;
-        if let Some(why) = ended.reason(&program) {
+        // A launcher's exit 1: what its root cause says (exec's own reasons, a peer
+        // change or a stall, stand as they are).
+        let (code, why) = match ended.reason(&program) {
+            Some(how) if ended.why.is_none() => {
+                let cause = error_file
+                    .as_ref()
+                    .and_then(|(p, _)| launcher::read_root_cause(p, started.get()));
+                let verdict = launcher::classify(
+                    launcher::launcher(&args.command),
+                    ended.code,
+                    cause.as_ref(),
+                );
+                let why = launcher::reason(&how, cause.as_ref(), verdict);
+                if verdict != Verdict::PassOn || cause.is_some() {
+                    warn!("{why}");
+                }
+                (verdict.code(ended.code), Some(why))
+            }
+            why => (ended.code, why),
+        };
+        if let Some(why) = why {
             crate::termination::record(&why);
         }
-        return Ok(Exit::Child(ended.code));
+        return Ok(Exit::Child(code));
     }
     let mut cmd = cmd;
     // Only returns on failure.
@@ -151,16 +197,35 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and
 /// returns its path.
-fn heartbeat_file(observations: Option<&Path>) -> std::io::Result<std::path::PathBuf> {
+fn heartbeat_file(observations: Option<&Path>) -> std::io::Result<PathBuf> {
     let dir = match observations {
         Some(d) => d.to_path_buf(),
-        None => {
-            let d = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
-            std::fs::create_dir_all(&d)?;
-            d
-        }
+        None => private_dir()?,
     };
     let path = dir.join(HEARTBEAT_FILE);
     std::fs::File::create(&path)?;
     Ok(path)
+}
+
+/// A directory of this exec's own, for files CMD writes to it.
+fn private_dir() -> std::io::Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// The error file torch's elastic launcher and `@record` write the root cause to:
+/// `TORCHELASTIC_ERROR_FILE` if the user set it (`false`: exec leaves it as it is),
+/// else one in exec's private directory (`true`: exec sets it for CMD).
+fn error_file() -> Option<(PathBuf, bool)> {
+    if let Some(p) = std::env::var_os(launcher::ERROR_FILE_ENV).filter(|p| !p.is_empty()) {
+        return Some((PathBuf::from(p), false));
+    }
+    match private_dir() {
+        Ok(d) => Some((d.join(launcher::ERROR_FILE), true)),
+        Err(e) => {
+            warn!("no {} for the command: {e}", launcher::ERROR_FILE_ENV);
+            None
+        }
+    }
 }

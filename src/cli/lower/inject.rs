@@ -55,6 +55,19 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             a.on_peer_change.name()
         )));
     }
+    let permanent_exit_codes = a
+        .permanent_exit_codes
+        .as_deref()
+        .map(permanent_exit_codes)
+        .transpose()?;
+    if permanent_exit_codes.is_some() && !a.failure_policy {
+        return Err(Failure::usage(format!(
+            "--{} replaces the codes of the podFailurePolicy that --{} adds; pass --{}",
+            flags::PERMANENT_EXIT_CODES,
+            flags::FAILURE_POLICY,
+            flags::FAILURE_POLICY
+        )));
+    }
     parse_duration(flags::RESTART_GRACE, &a.restart_grace)?;
     if a.wrap.is_none()
         && let Some(flag) = [
@@ -138,6 +151,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         install_to,
         classic_sidecar: a.classic_sidecar,
         failure_policy: a.failure_policy,
+        permanent_exit_codes,
         wrap: a.wrap.clone(),
         service_account: a.service_account.clone(),
         exec_args: exec_flags(a),
@@ -176,6 +190,34 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
         args.push(flags::with_value(flags::PROGRESS_PATTERN, p));
     }
     args
+}
+
+/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255, sorted and each once, as
+/// Kubernetes wants a rule's `onExitCodes.values` (so at most 255 of them). 0 is
+/// success, which Kubernetes refuses in an `In` rule.
+fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
+    let bad = |why: String| {
+        Failure::usage(format!(
+            "invalid --{} {spec:?}: {why}",
+            flags::PERMANENT_EXIT_CODES
+        ))
+    };
+    let mut codes = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.parse::<i32>() {
+            Ok(0) => return Err(bad("0 is success, never a failure".to_string())),
+            Ok(c @ 1..=255) => codes.push(c),
+            _ => {
+                return Err(bad(format!("{part:?} is not an exit code from 1 to 255")));
+            }
+        }
+    }
+    if codes.is_empty() {
+        return Err(bad("give one exit code or more, e.g. 2,126,127".to_string()));
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    Ok(codes)
 }
 
 /// `--resources cpu=Q,memory=Q`: either may be left out, keeping its default.

@@ -77,6 +77,9 @@ pub struct InjectConfig {
     pub metrics_port: u16,
     /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
     pub failure_policy: bool,
+    /// The training container's permanent exit codes (`--permanent-exit-codes`);
+    /// `None`: trainlet's (`crate::exit::CMD_PERMANENT`).
+    pub permanent_exit_codes: Option<Vec<i32>>,
     /// The flags of the wrapped container's `trainlet exec`: `--report`, then those of
     /// [`EXEC_FLAGS`] given, in that order.
     pub exec_args: Vec<String>,
