@@ -41,6 +41,62 @@ pub enum Code {
     CommandNotFound = 127,
 }
 
+impl Code {
+    /// Every code, in order: `trainlet --help` (and so docs/flags.md) lists them from
+    /// here, and a test checks that the README's and docs/failure-handling.md's tables
+    /// have a row for each.
+    pub const ALL: [Code; 12] = [
+        Code::Ok,
+        Code::Internal,
+        Code::Usage,
+        Code::NotReady,
+        Code::Api,
+        Code::Inconsistent,
+        Code::PortConflict,
+        Code::PeerChanged,
+        Code::Stalled,
+        Code::LauncherFailed,
+        Code::CannotExecute,
+        Code::CommandNotFound,
+    ];
+
+    /// What the code means, in a few words.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Code::Ok => "success",
+            Code::Internal => "internal failure (a local I/O error)",
+            Code::Usage => "invalid flags or configuration (status: no such job)",
+            Code::NotReady => "peers not ready",
+            Code::Api => "Kubernetes API error",
+            Code::Inconsistent => "inconsistent peers",
+            Code::PortConflict => "port conflict",
+            Code::PeerChanged => {
+                "(exec) a peer changed and --on-peer-change exit (or restart past --max-restarts) ended CMD"
+            }
+            Code::Stalled => {
+                "(exec) CMD made no progress for --stall-after and --on-stall exit (or restart past --max-restarts) ended it"
+            }
+            Code::LauncherFailed => {
+                "(exec --report) a launcher (torchrun, mpirun, deepspeed, accelerate) exited 1 and its root cause is not a permanent error"
+            }
+            Code::CannotExecute => "(exec) CMD cannot be executed",
+            Code::CommandNotFound => "(exec) CMD not found",
+        }
+    }
+}
+
+/// Every exit code and its meaning in one sentence, for `--help`.
+pub fn summary() -> String {
+    let codes: Vec<String> = Code::ALL
+        .iter()
+        .map(|c| format!("{} {}", *c as u8, c.meaning()))
+        .collect();
+    format!(
+        "Exit codes: {}. Otherwise exec exits with CMD's code, or 128 + the signal that killed it.",
+        codes.join(", ")
+    )
+}
+
 impl From<Code> for std::process::ExitCode {
     fn from(code: Code) -> Self {
         std::process::ExitCode::from(code as u8)
@@ -150,5 +206,15 @@ mod tests {
             assert!(!CMD_PERMANENT.contains(&c), "{c}");
         }
         assert_eq!(CMD_RETRYABLE, [7, 8, 9]);
+    }
+
+    #[test]
+    fn the_summary_lists_every_code_in_order() {
+        let numbers: Vec<u8> = Code::ALL.iter().map(|c| *c as u8).collect();
+        assert_eq!(numbers, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 126, 127]);
+        assert_eq!(
+            summary(),
+            "Exit codes: 0 success, 1 internal failure (a local I/O error), 2 invalid flags or configuration (status: no such job), 3 peers not ready, 4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer changed and --on-peer-change exit (or restart past --max-restarts) ended CMD, 8 (exec) CMD made no progress for --stall-after and --on-stall exit (or restart past --max-restarts) ended it, 9 (exec --report) a launcher (torchrun, mpirun, deepspeed, accelerate) exited 1 and its root cause is not a permanent error, 126 (exec) CMD cannot be executed, 127 (exec) CMD not found. Otherwise exec exits with CMD's code, or 128 + the signal that killed it."
+        );
     }
 }

@@ -67,7 +67,7 @@ pub fn status(e: &KubeError) -> Failure {
             user,
             message,
         } => format!(
-            "forbidden: cannot {verb} {resource} in namespace {namespace:?}: bind {user} to the Role of manifests/status/role.yaml, which grants get, list and watch on pods and events ({message})"
+            "forbidden: cannot {verb} {resource} in namespace {namespace:?}: bind {user} to the Role of manifests/status/role.yaml, which grants get and list on pods and events and get on jobs and jobsets ({message})"
         ),
         _ => kube(e),
     };

@@ -42,13 +42,7 @@ use values::Logs;
     propagate_version = true,
     max_term_width = 100
 )]
-#[command(
-    after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
-for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
-Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
-4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer \
-changed and --on-peer-change exit (or restart past --max-restarts) ended CMD."
-)]
+#[command(after_help = after_help())]
 pub struct Cli {
     /// Log format: `text` for people, `json` for log collectors in clusters.
     #[arg(long = flags::LOG_FORMAT, env = "TRAINLET_LOG_FORMAT", value_enum, default_value_t = defaults::LOG_FORMAT, global = true)]
@@ -67,6 +61,16 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// What `trainlet --help` ends with: the env vars, and every exit code (from
+/// [`crate::exit::Code::ALL`], so that the list cannot miss one).
+fn after_help() -> String {
+    format!(
+        "Every flag can also be set by an environment variable TRAINLET_<FLAG>, for example \
+         --log-format as TRAINLET_LOG_FORMAT.\n\n{}",
+        crate::exit::summary()
+    )
 }
 
 #[derive(Debug, Subcommand)]
@@ -92,9 +96,11 @@ pub enum Command {
     /// Add trainlet to the pod templates of Kubernetes YAML (like `linkerd inject`).
     Inject(InjectArgs),
     /// Show a job's pods as trainlet sees them (task, IP, phase, health, GPUs, cluster,
-    /// restarts, last OOM kill, last Event) and one verdict for the job. Reads only:
-    /// get/list on pods and events. Also `kubectl trainlet status` when installed as
-    /// the kubectl plugin `kubectl-trainlet`.
+    /// restarts, progress, last OOM kill, last Event) and one verdict for the job (`not
+    /// admitted` while the Job or JobSet is suspended, as Kueue holds it). A job that
+    /// does not exist exits 2. Reads only: get on the Job or JobSet, get/list on pods
+    /// and events, no watch. Also `kubectl trainlet status` when installed as the
+    /// kubectl plugin `kubectl-trainlet`.
     Status(StatusArgs),
 }
 

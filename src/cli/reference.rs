@@ -129,6 +129,52 @@ fn sentence(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::exit::{CMD_RETRYABLE, Code};
+
+    /// The numbers in column `col` of the table rows of `doc`'s section `heading` (up to
+    /// the next heading of that level): `| 126, 127 |` gives 126 and 127.
+    fn codes_in(doc: &str, heading: &str, col: usize) -> Vec<i32> {
+        let path = format!("{}/{doc}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let level = heading.split(' ').next().unwrap();
+        let section = text
+            .split_once(&format!("\n{heading}\n"))
+            .unwrap_or_else(|| panic!("{doc} has no {heading:?}"))
+            .1;
+        let section = section
+            .split_once(&format!("\n{level} "))
+            .map_or(section, |(s, _)| s);
+        section
+            .lines()
+            .filter_map(|l| l.strip_prefix('|'))
+            .filter_map(|l| l.split('|').nth(col))
+            .flat_map(|cell| cell.split(',').map(|n| n.trim().parse::<i32>()))
+            .filter_map(Result::ok)
+            .collect()
+    }
+
+    /// The exit-code tables of the README and docs/failure-handling.md have a row for
+    /// every code of src/exit.rs (they missed 1, 8, 126 and 127 once), and the retry
+    /// table one for each of exec's own codes.
+    #[test]
+    fn every_exit_code_has_a_row_in_the_docs() {
+        let all: Vec<i32> = Code::ALL.iter().map(|c| *c as i32).collect();
+        for doc in ["README.md", "docs/failure-handling.md"] {
+            assert_eq!(codes_in(doc, "## Exit codes", 0), all, "{doc}");
+        }
+        let retry = codes_in(
+            "docs/failure-handling.md",
+            "## Which failures a retry can fix",
+            1,
+        );
+        for c in CMD_RETRYABLE
+            .iter()
+            .chain(&[Code::CannotExecute as i32, Code::CommandNotFound as i32])
+        {
+            assert!(retry.contains(c), "the retry table has no row for {c}");
+        }
+    }
+
     /// docs/flags.md is what the definitions render; `make docs` rewrites it.
     #[test]
     fn docs_flags_md_is_current() {

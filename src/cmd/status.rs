@@ -1,10 +1,10 @@
-//! `trainlet status` (and `kubectl trainlet status`): lists the job's pods and the
-//! namespace's Events once, prints the table or JSON and the verdict. Reads only.
+//! `trainlet status` (and `kubectl trainlet status`): reads the Job or JobSet, lists
+//! its pods and their Events once, prints the table or JSON and the verdict. Reads only.
 
 use crate::cli::args::StatusArgs;
 use crate::cli::values::StatusOutput;
 use crate::cli::{explain, lower};
-use crate::status::{self, fetch};
+use crate::status::{self, Lookup, Owner, fetch};
 use crate::{Exit, Failure, kube};
 
 pub fn run(args: StatusArgs) -> Result<Exit, Failure> {
@@ -14,22 +14,36 @@ pub fn run(args: StatusArgs) -> Result<Exit, Failure> {
             .await
             .map_err(|e| explain::status(&e))?;
         let ns = args.namespace.clone().unwrap_or(default_ns);
-        let candidates = target.candidates();
-        let mut found = None;
-        for (i, (what, selectors)) in candidates.iter().enumerate() {
-            let pods = fetch::pods(&client, &ns, selectors)
-                .await
-                .map_err(|e| explain::status(&e))?;
-            if !pods.is_empty() || i + 1 == candidates.len() {
-                found = Some((what.clone(), pods));
-                break;
+        let (what, owner, selectors) = match target.lookup() {
+            Lookup::Pods { what, selectors } => (what, None, selectors),
+            Lookup::Named { name, kinds } => {
+                let mut found = None;
+                for &kind in &kinds {
+                    if let Some(obj) = fetch::object(&client, &ns, kind, &name)
+                        .await
+                        .map_err(|e| explain::status(&e))?
+                    {
+                        found = Some((kind, obj));
+                        break;
+                    }
+                }
+                // A job that does not exist is a mistake in the name or the namespace,
+                // not an empty job: one line, exit 2.
+                let (kind, obj) =
+                    found.ok_or_else(|| Failure::usage(status::not_found(&name, &kinds, &ns)))?;
+                let owner = Owner::of(kind, &obj);
+                (owner.what.clone(), Some(owner), vec![kind.selector(&name)])
             }
-        }
-        let (what, pods) = found.unwrap_or_default();
-        let events = fetch::events(&client, &ns)
+        };
+        let pods = fetch::pods(&client, &ns, &selectors)
             .await
             .map_err(|e| explain::status(&e))?;
-        Ok::<_, Failure>(status::view(&what, &pods, &events))
+        let events = fetch::events(&client, &ns, &pods)
+            .await
+            .map_err(|e| explain::status(&e))?;
+        let today = k8s_openapi::jiff::Timestamp::now().to_string();
+        let today = today.get(..10).unwrap_or_default();
+        Ok::<_, Failure>(status::view(&what, owner.as_ref(), &pods, &events, today))
     })?;
     match args.output {
         StatusOutput::Table => print!("{}", status::table(&view)),

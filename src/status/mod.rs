@@ -1,14 +1,23 @@
 //! `trainlet status`: one job's pods as trainlet sees them, in one table, and a verdict
-//! for the whole job. Everything comes from what the agents already published on the
-//! pods (their task, report, health and cluster annotations) and the namespace's
-//! Events: status reads, it never writes, and needs only get/list on pods and events.
+//! for the whole job. Everything comes from the Job or JobSet itself (suspended, i.e.
+//! not admitted by Kueue yet; complete or failed), what the agents already published on
+//! its pods (their task, report, health and cluster annotations) and those pods'
+//! Events: status reads, it never writes, and needs only get and list.
 //!
-//! The view is pure ([`view`]): pods and Events in, rows and a verdict out. [`fetch`]
-//! is the I/O.
+//! The view is pure ([`view`]): the job, its pods and Events in, rows and a verdict
+//! out. Every text that comes from the cluster is escaped ([`escape`]: no control
+//! character reaches the terminal) and bounded ([`cell`]), so that neither a hostile
+//! annotation nor 2,000 pods make the output unreadable. [`fetch`] is the I/O.
 
 pub mod fetch;
+mod target;
+mod text;
+
+pub use target::{Kind, Lookup, Owner, Target, not_found};
+pub use text::{bound, cell, clock, escape};
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -17,44 +26,6 @@ use serde_json::Value;
 
 use crate::cluster::order::natural_cmp;
 use crate::publish::keys;
-
-/// Which pods make the job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// A Job's pods, by the label its controller sets.
-    Job(String),
-    /// A JobSet's pods.
-    JobSet(String),
-    /// A Job's pods, or where none match, a JobSet's.
-    Either(String),
-    /// The pods of any of these selectors.
-    Selectors(Vec<String>),
-}
-
-impl Target {
-    /// What to try, in order: the job's name for the verdict and its selectors. The
-    /// first that matches any pod is the job.
-    pub fn candidates(&self) -> Vec<(String, Vec<String>)> {
-        let job = |n: &str| {
-            (
-                format!("Job {n}"),
-                vec![format!("{}={n}", fetch::JOB_LABEL)],
-            )
-        };
-        let jobset = |n: &str| {
-            (
-                format!("JobSet {n}"),
-                vec![format!("{}={n}", fetch::JOBSET_LABEL)],
-            )
-        };
-        match self {
-            Target::Job(n) => vec![job(n)],
-            Target::JobSet(n) => vec![jobset(n)],
-            Target::Either(n) => vec![job(n), jobset(n)],
-            Target::Selectors(s) => vec![(format!("pods of {}", s.join("; ")), s.clone())],
-        }
-    }
-}
 
 /// One pod of the job.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -87,8 +58,10 @@ pub struct PodRow {
 
 /// The job as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum State {
+    /// The Job or JobSet is suspended: Kueue has not admitted it (yet).
+    NotAdmitted,
     /// Every pod Running, healthy, its cluster current.
     Healthy,
     /// Pods not Running yet: scheduling, or waiting in trainlet-init.
@@ -97,15 +70,16 @@ pub enum State {
     Degraded,
     /// A pod failed.
     Failing,
-    /// Every pod succeeded.
+    /// Every pod succeeded, or the Job or JobSet is complete.
     Completed,
-    /// No pod matches.
+    /// No pod matches (yet).
     Empty,
 }
 
 impl State {
     pub fn as_str(self) -> &'static str {
         match self {
+            State::NotAdmitted => "not admitted",
             State::Healthy => "healthy",
             State::Starting => "starting",
             State::Degraded => "degraded",
@@ -125,12 +99,30 @@ pub struct View {
     pub pods: Vec<PodRow>,
 }
 
+/// The longest cell, in characters: longer text is cut, and ends in `…`.
+pub const CELL_MAX: usize = 200;
+/// The most reasons of one pod that its row keeps.
+pub const REASONS_MAX: usize = 8;
+/// The most pods the verdict names; it counts the others.
+pub const VERDICT_PODS_MAX: usize = 5;
+
 /// The rows, ordered by task (types by name, indexes by number; pods without a task
-/// last, by natural name order), and the verdict. `what` names the job in the verdict.
-pub fn view(what: &str, pods: &[Pod], events: &[Event]) -> View {
-    let mut rows: Vec<PodRow> = pods.iter().map(|p| row(p, events)).collect();
+/// last, by natural name order), and the verdict. `what` names the job in the verdict;
+/// `owner` is the Job or JobSet, where a name was given; `today` is the UTC date
+/// (`2026-11-25`), which times of that day leave out.
+pub fn view(
+    what: &str,
+    owner: Option<&Owner>,
+    pods: &[Pod],
+    events: &[Event],
+    today: &str,
+) -> View {
+    let mut rows: Vec<PodRow> = pods.iter().map(|p| row(p, events, today)).collect();
     rows.sort_by(by_task);
-    let (state, verdict) = verdict(what, &rows);
+    let (state, verdict) = match owner {
+        Some(o) => owner_verdict(o, &rows).unwrap_or_else(|| verdict(&o.what, &rows)),
+        None => verdict(what, &rows),
+    };
     View {
         state,
         verdict,
@@ -146,19 +138,19 @@ fn by_task(a: &PodRow, b: &PodRow) -> Ordering {
     }
 }
 
-/// One pod's row.
-pub fn row(pod: &Pod, events: &[Event]) -> PodRow {
+/// One pod's row; every text in it escaped and bounded ([`cell`]).
+pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let annotation = |k: &str| {
         pod.metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(k))
-            .cloned()
+            .map(String::as_str)
             .unwrap_or_default()
     };
     let status = pod.status.as_ref();
-    let report: Value = serde_json::from_str(&annotation(keys::REPORT)).unwrap_or(Value::Null);
+    let report: Value = serde_json::from_str(annotation(keys::REPORT)).unwrap_or(Value::Null);
     let container_restarts: u32 = status
         .into_iter()
         .flat_map(|s| {
@@ -170,26 +162,36 @@ pub fn row(pod: &Pod, events: &[Event]) -> PodRow {
         .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
         .sum();
     let exec_restarts = report["exec"]["restarts"].as_u64().unwrap_or(0);
+    let mut reasons: Vec<String> = report["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_str().map(cell))
+        .collect();
+    if reasons.len() > REASONS_MAX {
+        let more = reasons.len() - REASONS_MAX;
+        reasons.truncate(REASONS_MAX);
+        reasons.push(format!("{more} more"));
+    }
+    let progress_value = serde_json::from_str::<Value>(annotation(keys::PROGRESS));
     PodRow {
-        task: annotation(keys::TASK),
-        ip: status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-        phase: phase(pod),
-        health: annotation(keys::HEALTH),
-        reasons: report["reasons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.as_str().map(str::to_string))
-            .collect(),
-        gpus: gpus(&report),
-        cluster: annotation(keys::CLUSTER),
-        restarts: container_restarts + u32::try_from(exec_restarts).unwrap_or(u32::MAX),
-        last_oom: last_oom(&report),
-        progress: progress(&annotation(keys::PROGRESS)),
-        stalled: serde_json::from_str::<Value>(&annotation(keys::PROGRESS))
-            .is_ok_and(|p| p["stalled"] == true),
-        last_event: last_event(&name, events),
-        pod: name,
+        task: cell(annotation(keys::TASK)),
+        ip: cell(&status.and_then(|s| s.pod_ip.clone()).unwrap_or_default()),
+        phase: cell(&phase(pod)),
+        health: cell(annotation(keys::HEALTH)),
+        reasons,
+        gpus: cell(&gpus(&report)),
+        cluster: cell(annotation(keys::CLUSTER)),
+        restarts: container_restarts
+            .saturating_add(u32::try_from(exec_restarts).unwrap_or(u32::MAX)),
+        last_oom: cell(&last_oom(&report, today)),
+        progress: progress_value
+            .as_ref()
+            .map(|p| cell(&progress(p, today)))
+            .unwrap_or_default(),
+        stalled: progress_value.is_ok_and(|p| p["stalled"] == true),
+        last_event: cell(&last_event(&name, events)),
+        pod: cell(&name),
     }
 }
 
@@ -248,15 +250,12 @@ fn gpus(report: &Value) -> String {
     }
 }
 
-fn last_oom(report: &Value) -> String {
+fn last_oom(report: &Value, today: &str) -> String {
     let Some(kill) = report["oom"]["recent"].as_array().and_then(|r| r.last()) else {
         return String::new();
     };
     let container = kill["container"].as_str().unwrap_or_default();
-    let time = kill["time"]
-        .as_str()
-        .and_then(|t| t.split_once('T').map(|(_, clock)| clock))
-        .unwrap_or_default();
+    let time = clock(kill["time"].as_str().unwrap_or_default(), today);
     match (
         kill["process"]["comm"].as_str(),
         kill["process"]["pid"].as_u64(),
@@ -268,18 +267,8 @@ fn last_oom(report: &Value) -> String {
 
 /// `trainlet.io/progress` in a few words: the last step and when, or since when CMD
 /// is stalled.
-fn progress(text: &str) -> String {
-    let Ok(p) = serde_json::from_str::<Value>(text) else {
-        return String::new();
-    };
-    let clock = |k: &str| {
-        p[k].as_str()
-            .and_then(|t| t.split_once('T').map(|(_, c)| c))
-            .map(|c| match c.split_once('.') {
-                Some((whole, _)) => format!("{whole}Z"),
-                None => c.to_string(),
-            })
-    };
+fn progress(p: &Value, today: &str) -> String {
+    let clock = |k: &str| p[k].as_str().map(|t| clock(t, today));
     let step = p["step"].as_f64().map(|s| format!("step {s}"));
     if p["stalled"] == true {
         let since = clock("since").unwrap_or_default();
@@ -296,17 +285,78 @@ fn progress(text: &str) -> String {
     }
 }
 
-/// The reason of the newest Event about pod `name`: by its series' last time, else its
-/// event time, else the old API's last timestamp, else its creation.
+/// When an Event happened last: by its series' last time, else its event time, else
+/// the old API's last timestamp, else its creation.
+fn when(e: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    e.series
+        .as_ref()
+        .map(|s| s.last_observed_time.0)
+        .or(e.event_time.as_ref().map(|t| t.0))
+        .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+        .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// The newest Event about each of the job's pods, out of a namespace's Events read page
+/// by page: at most one Event per pod is kept, however many the namespace holds, and
+/// none about other objects. An Event that names a pod's UID must name this pod's (a
+/// pod of the same name before it is another pod).
+#[derive(Debug, Default)]
+pub struct NewestEvents {
+    /// Pod name → UID.
+    pods: BTreeMap<String, String>,
+    newest: BTreeMap<String, Event>,
+}
+
+impl NewestEvents {
+    pub fn new(pods: &[Pod]) -> Self {
+        NewestEvents {
+            pods: pods
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p.metadata.name.clone()?,
+                        p.metadata.uid.clone().unwrap_or_default(),
+                    ))
+                })
+                .collect(),
+            newest: BTreeMap::new(),
+        }
+    }
+
+    /// Keeps `e` if it is about one of the pods and newer than what is kept for it.
+    pub fn add(&mut self, e: Event) {
+        let Some(r) = e.regarding.as_ref() else {
+            return;
+        };
+        let (Some("Pod"), Some(name)) = (r.kind.as_deref(), r.name.as_deref()) else {
+            return;
+        };
+        let Some(uid) = self.pods.get(name) else {
+            return;
+        };
+        if r.uid
+            .as_deref()
+            .is_some_and(|u| !u.is_empty() && !uid.is_empty() && u != uid)
+        {
+            return;
+        }
+        let newer = self
+            .newest
+            .get(name)
+            .is_none_or(|kept| when(&e) >= when(kept));
+        if newer {
+            self.newest.insert(name.to_string(), e);
+        }
+    }
+
+    /// The kept Events, one per pod at most, by pod name.
+    pub fn into_events(self) -> Vec<Event> {
+        self.newest.into_values().collect()
+    }
+}
+
+/// The reason of the newest Event about pod `name`.
 fn last_event(name: &str, events: &[Event]) -> String {
-    let when = |e: &Event| {
-        e.series
-            .as_ref()
-            .map(|s| s.last_observed_time.0)
-            .or(e.event_time.as_ref().map(|t| t.0))
-            .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0))
-            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-    };
     events
         .iter()
         .filter(|e| {
@@ -319,8 +369,50 @@ fn last_event(name: &str, events: &[Event]) -> String {
         .unwrap_or_default()
 }
 
+/// At most [`VERDICT_PODS_MAX`] of `items`, joined, and how many more there are.
+fn some_of(items: &[String]) -> String {
+    let shown = items.iter().take(VERDICT_PODS_MAX).cloned();
+    let mut out: Vec<String> = shown.collect();
+    if items.len() > VERDICT_PODS_MAX {
+        out.push(format!("and {} more", items.len() - VERDICT_PODS_MAX));
+    }
+    out.join(", ")
+}
+
+/// The verdict that the Job or JobSet itself gives, before its pods: suspended (not
+/// admitted), failed or complete. `None` when it is running and its pods tell.
+pub fn owner_verdict(owner: &Owner, rows: &[PodRow]) -> Option<(State, String)> {
+    let what = &owner.what;
+    let left = match rows.len() {
+        0 => String::new(),
+        1 => "; 1 pod left".to_string(),
+        n => format!("; {n} pods left"),
+    };
+    if let Some(why) = &owner.failed {
+        return Some((
+            State::Failing,
+            format!("{what}: failing: failed: {why}{left}"),
+        ));
+    }
+    if owner.complete {
+        return Some((State::Completed, format!("{what}: completed{left}")));
+    }
+    if owner.suspended {
+        let queue = if owner.queue.is_empty() {
+            String::new()
+        } else {
+            format!(" in Kueue queue {}", owner.queue)
+        };
+        return Some((
+            State::NotAdmitted,
+            format!("{what}: not admitted: suspended{queue} (spec.suspend: true){left}"),
+        ));
+    }
+    None
+}
+
 /// The job's state and its line: the worst state any pod is in, and the pods that put
-/// it there.
+/// it there (the first few of them, and how many more).
 pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
     let n = rows.len();
     if n == 0 {
@@ -340,7 +432,7 @@ pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
             format!(
                 "{what}: failing: {} of {n} pods failed: {}",
                 failed.len(),
-                failed.join(", ")
+                some_of(&failed)
             ),
         );
     }
@@ -361,13 +453,13 @@ pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
             if r.stalled {
                 why.push(r.progress.clone());
             }
-            format!("{} ({})", r.pod, why.join("; "))
+            format!("{} ({})", r.pod, bound(&why.join("; "), CELL_MAX))
         })
     });
     if !degraded.is_empty() {
         return (
             State::Degraded,
-            format!("{what}: degraded: {}", degraded.join(", ")),
+            format!("{what}: degraded: {}", some_of(&degraded)),
         );
     }
     let waiting = names(&|r: &PodRow| {
@@ -379,7 +471,7 @@ pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
             format!(
                 "{what}: starting: {} of {n} pods running; waiting for {}",
                 n - waiting.len() - succeeded,
-                waiting.join(", ")
+                some_of(&waiting)
             ),
         );
     }
@@ -445,12 +537,19 @@ pub fn table(view: &View) -> String {
         .collect();
     let mut out = String::new();
     for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("   ").trim_end());
+        let mut line = String::new();
+        for (i, (c, w)) in l.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                line.push_str("   ");
+            }
+            line.push_str(c);
+            // Padded by hand: `format!("{c:<w$}")` panics on a width past 65,535.
+            line.extend(std::iter::repeat_n(
+                ' ',
+                w.saturating_sub(c.chars().count()),
+            ));
+        }
+        out.push_str(line.trim_end());
         out.push('\n');
     }
     out.push_str(&view.verdict);

@@ -1,16 +1,63 @@
 //! `trainlet status` and `kubectl trainlet status` against the real API server, as a
-//! ServiceAccount bound only to manifests/status/role.yaml: the job's pods with what the
-//! agents published on them, the newest Event of each, and the verdict.
+//! ServiceAccount bound only to manifests/status/role.yaml: the Job or JobSet, the
+//! job's pods with what the agents published on them, the newest Event of each, and
+//! the verdict.
 
 use std::os::unix::fs::symlink;
 use std::process::Command;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
 use serde_json::json;
 
 use crate::support::*;
+
+/// A Job `name` whose controller makes no pod (parallelism 0), so that the test makes
+/// them; suspended (as Kueue creates it) or not, with `labels`.
+async fn job(client: &Client, ns: &str, name: &str, suspend: bool, labels: serde_json::Value) {
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "parallelism": 0,
+            "suspend": suspend,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "registry.example/train:1"}]
+            }}
+        }
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("create Job {name}: {e}"));
+}
+
+/// A ServiceAccount `viewer` in `ns` bound to manifests/status/role.yaml, and its
+/// kubeconfig.
+async fn viewer(client: &Client, ns: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    kubectl(&["create", "serviceaccount", "viewer", "-n", ns]);
+    kubectl(&[
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        repo().join("manifests/status/role.yaml").to_str().unwrap(),
+    ]);
+    kubectl(&[
+        "create",
+        "rolebinding",
+        "viewer",
+        "--role",
+        "trainlet-status",
+        &format!("--serviceaccount={ns}:viewer"),
+        "-n",
+        ns,
+    ]);
+    sa_kubeconfig(client, ns, "viewer", dir).await
+}
 
 /// What the agents publish on a healthy pod with 4 GPUs.
 fn published(task: &str, health: &str, cluster: &str) -> serde_json::Value {
@@ -32,25 +79,8 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
     let client = admin().await;
     let ns = namespace(&client, "status").await;
     let dir = tempfile::tempdir().unwrap();
-    kubectl(&["create", "serviceaccount", "viewer", "-n", &ns]);
-    kubectl(&[
-        "apply",
-        "-n",
-        &ns,
-        "-f",
-        repo().join("manifests/status/role.yaml").to_str().unwrap(),
-    ]);
-    kubectl(&[
-        "create",
-        "rolebinding",
-        "viewer",
-        "--role",
-        "trainlet-status",
-        &format!("--serviceaccount={ns}:viewer"),
-        "-n",
-        &ns,
-    ]);
-    let viewer = sa_kubeconfig(&client, &ns, "viewer", dir.path()).await;
+    let viewer = viewer(&client, &ns, dir.path()).await;
+    job(&client, &ns, "mnist", false, json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for (i, (health, cluster)) in [("ok", "current"), ("degraded", "current"), ("", "")]
@@ -145,6 +175,26 @@ Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // Another pod's Event is not the job's.
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "other-0.oom"},
+                "eventTime": "2026-11-23T13:00:00.000000Z",
+                "reason": "OOMKill", "type": "Warning", "action": "Report",
+                "regarding": {"kind": "Pod", "name": "other-0", "namespace": ns},
+                "reportingController": "trainlet.io/sidecar", "reportingInstance": "other-0"
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let r = run(trainlet()
+        .args(["status", "job/mnist", "--kubeconfig"])
+        .arg(&viewer));
+    assert_eq!((r.code, r.stdout.as_str()), (0, want), "{}", r.stderr);
+
     // Without the Role: the verb and resource that are missing, exit 4.
     kubectl(&["create", "serviceaccount", "nobody", "-n", &ns]);
     let nobody = sa_kubeconfig(&client, &ns, "nobody", dir.path()).await;
@@ -155,7 +205,7 @@ Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
     assert_eq!(
         r.stderr,
         format!(
-            "trainlet: error: forbidden: cannot list pods in namespace {ns:?}: bind ServiceAccount {ns}:nobody to the Role of manifests/status/role.yaml, which grants get, list and watch on pods and events (pods is forbidden: User \"system:serviceaccount:{ns}:nobody\" cannot list resource \"pods\" in API group \"\" in the namespace \"{ns}\")\n"
+            "trainlet: error: forbidden: cannot get jobs.batch in namespace {ns:?}: bind ServiceAccount {ns}:nobody to the Role of manifests/status/role.yaml, which grants get and list on pods and events and get on jobs and jobsets (jobs.batch \"mnist\" is forbidden: User \"system:serviceaccount:{ns}:nobody\" cannot get resource \"jobs\" in API group \"batch\" in the namespace \"{ns}\")\n"
         )
     );
     // Usage errors before any request.
@@ -167,4 +217,99 @@ Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
             "trainlet: error: name the job (job/NAME, jobset/NAME or NAME) or give --selector SELECTOR"
         )
     );
+}
+
+/// The Job or JobSet itself: one that Kueue holds suspended is "not admitted", a bare
+/// name falls back to a JobSet, and a job that does not exist is one line and exit 2
+/// (it used to print "no pods match" and exit 0).
+#[tokio::test]
+async fn status_reads_the_job_itself_not_admitted_jobsets_and_missing_jobs() {
+    jobset_crd();
+    let client = admin().await;
+    let ns = namespace(&client, "status-job").await;
+    let dir = tempfile::tempdir().unwrap();
+    let viewer = viewer(&client, &ns, dir.path()).await;
+    job(
+        &client,
+        &ns,
+        "queued",
+        true,
+        json!({"kueue.x-k8s.io/queue-name": "gpu"}),
+    )
+    .await;
+    let r = run(trainlet()
+        .args(["status", "job/queued", "--kubeconfig"])
+        .arg(&viewer));
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (
+            0,
+            "\
+TASK   POD   IP   PHASE   HEALTH   GPUS   CLUSTER   RESTARTS   PROGRESS   LAST OOM   LAST EVENT
+Job queued: not admitted: suspended in Kueue queue gpu (spec.suspend: true)
+"
+        ),
+        "{}",
+        r.stderr
+    );
+    let r = run(trainlet()
+        .args(["status", "queued", "-o", "json", "--kubeconfig"])
+        .arg(&viewer));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["state"], "not_admitted");
+
+    // A JobSet, by a bare name (no Job of that name) and as jobset/NAME.
+    let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "jobsets");
+    let js: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "js"},
+        "spec": {"suspend": true, "replicatedJobs": [{"name": "workers", "replicas": 1,
+            "template": {"spec": {"template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "registry.example/train:1"}]}}}}}]}
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &ar)
+        .create(&PostParams::default(), &js)
+        .await
+        .expect("the JobSet passes the CRD's schema");
+    for name in ["js", "jobset/js"] {
+        let r = run(trainlet()
+            .args(["status", name, "--kubeconfig"])
+            .arg(&viewer));
+        assert_eq!(
+            (r.code, r.stdout.lines().last()),
+            (
+                0,
+                Some("JobSet js: not admitted: suspended (spec.suspend: true)")
+            ),
+            "{name}: {}",
+            r.stderr
+        );
+    }
+
+    // No such job: one line on stderr, nothing on stdout, exit 2.
+    for (name, what) in [
+        ("gone", "Job or JobSet"),
+        ("job/gone", "Job"),
+        ("jobset/gone", "JobSet"),
+        ("job/js", "Job"),
+    ] {
+        let r = run(trainlet()
+            .args(["status", name, "--kubeconfig"])
+            .arg(&viewer));
+        let bare = name.rsplit('/').next().unwrap();
+        assert_eq!(
+            (r.code, r.stdout.as_str(), r.stderr),
+            (
+                2,
+                "",
+                format!(
+                    "trainlet: error: no {what} {bare:?} in namespace {ns:?}: check the name and --namespace\n"
+                )
+            ),
+            "{name}"
+        );
+    }
 }
