@@ -367,9 +367,9 @@ pub struct ExecArgs {
 /// The stall watch of `exec` (and `inject`, which writes them into exec's command).
 #[derive(Debug, Clone, Args)]
 pub struct StallArgs {
-    /// Call CMD stalled after this long without progress (e.g. 10m): without a new line
-    /// of output (or a line --progress-pattern matches), and without a touch of the file
-    /// $TRAINLET_HEARTBEAT names. Off unless given. CMD's output then passes through exec
+    /// Call CMD stalled after this long without progress (e.g. 10m; at least 1s): without
+    /// a new line of output (or a line --progress-pattern matches), and without a touch of
+    /// the file $TRAINLET_HEARTBEAT names. Off unless given. CMD's output then passes through exec
     /// (unchanged, unbuffered) to be watched. Choose it longer than CMD's longest silent
     /// phase (compilation, loading a checkpoint, an evaluation that prints nothing): a
     /// busy CMD that prints nothing is stalled too. Implies --report.

@@ -42,7 +42,8 @@ use values::Logs;
 )]
 #[command(
     after_help = "Every flag can also be set by an environment variable TRAINLET_<FLAG>, \
-for example --log-format as TRAINLET_LOG_FORMAT.\n\n\
+for example --log-format as TRAINLET_LOG_FORMAT. A DURATION is e.g. 500ms, 30s, 10m or \
+1h 30m, at most 365d.\n\n\
 Exit codes: 0 success, 2 invalid flags or configuration, 3 peers not ready, \
 4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer \
 changed and --on-peer-change exit (or restart past --max-restarts) ended CMD."

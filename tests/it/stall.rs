@@ -463,3 +463,47 @@ fn output_passes_through_unchanged_and_bounded() {
     assert_eq!(rest, "got TERM\n");
     assert_eq!(child.wait().unwrap().code(), Some(42));
 }
+
+/// `trainlet exec FLAGS -- CMD` without credentials, in `dir` (tf_config.json written).
+fn local_exec(dir: &std::path::Path, flags: &[&str], cmd: &[&str]) -> std::process::Command {
+    write_tf_config(dir, free_port());
+    let mut c = trainlet();
+    c.args(["exec", "--metrics-addr", "off", "--output-dir"])
+        .arg(dir)
+        .args(flags)
+        .arg("--")
+        .args(cmd);
+    c
+}
+
+/// Durations near u64::MAX seconds passed validation and aborted exec with an overflow,
+/// leaving CMD without a parent; `--stall-after 1ms` was accepted. Each exits 2 with
+/// one line naming the flag, before CMD starts.
+#[test]
+fn absurd_durations_exit_2_before_cmd_starts() {
+    let max = "18446744073709551615s";
+    let at_most = |flag: &str| {
+        format!("invalid --{flag} \"{max}\": use at most 365d (a year), e.g. 30s, 10m or 1h")
+    };
+    for (flags, want) in [
+        (vec!["--stall-after", max], at_most("stall-after")),
+        (vec!["--interval", max], at_most("interval")),
+        (vec!["--restart-grace", max], at_most("restart-grace")),
+        (
+            vec!["--stall-after", "1ms"],
+            "invalid --stall-after \"1ms\": use at least 1s, e.g. 10m".to_string(),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("started");
+        let r = run(&mut local_exec(
+            dir.path(),
+            &flags,
+            &["touch", marker.to_str().unwrap()],
+        ));
+        assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+        assert_eq!(r.error_line(), want, "{flags:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{flags:?}: {}", r.stderr);
+        assert!(!marker.exists(), "{flags:?}: CMD started");
+    }
+}
