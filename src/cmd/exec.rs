@@ -34,12 +34,15 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
     let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
     // The heartbeat file CMD may touch: in the observation volume, which both CMD's
-    // container and exec write, else in a directory of exec's own.
-    let heartbeat = report.progress.as_ref().and_then(|_| {
+    // container and exec write, else in a private directory of exec's own, removed
+    // when exec ends (`_private` is dropped on return).
+    let (heartbeat, _private) = match report.progress.as_ref().map(|_| {
         heartbeat_file(args.report_args.observations.as_deref())
             .map_err(|e| warn!("no heartbeat file for the command: {e}"))
-            .ok()
-    });
+    }) {
+        Some(Ok((file, dir))) => (Some(file), dir),
+        _ => (None, None),
+    };
     if let Some(p) = report.progress.as_mut() {
         p.heartbeat = heartbeat.clone();
     }
@@ -147,17 +150,107 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
 }
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and
-/// returns its path.
-fn heartbeat_file(observations: Option<&Path>) -> std::io::Result<std::path::PathBuf> {
-    let dir = match observations {
-        Some(d) => d.to_path_buf(),
+/// returns its path, with the private directory that holds it when there is no
+/// observation volume: a new one of random name and mode 0700 in $TMPDIR, removed when
+/// the returned guard is dropped. A name anyone can predict could be taken first, by a
+/// directory or a symlink leading exec to truncate another file.
+fn heartbeat_file(
+    observations: Option<&Path>,
+) -> std::io::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, private) = match observations {
+        Some(d) => (d.to_path_buf(), None),
         None => {
-            let d = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
-            std::fs::create_dir_all(&d)?;
-            d
+            let private = tempfile::Builder::new()
+                .prefix("trainlet-")
+                .permissions(std::fs::Permissions::from_mode(0o700))
+                .tempdir()?;
+            (private.path().to_path_buf(), Some(private))
         }
     };
     let path = dir.join(HEARTBEAT_FILE);
-    std::fs::File::create(&path)?;
-    Ok(path)
+    create_regular(&path)?;
+    Ok((path, private))
+}
+
+/// Creates `path`, or opens it as it is (a heartbeat from an earlier exec keeps its
+/// contents): never through a symlink, never blocking on a FIFO, and only a regular
+/// file will do.
+fn create_regular(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    use super::*;
+
+    /// exec once made `$TMPDIR/trainlet-<pid>/heartbeat`, following a symlink planted
+    /// there: its victim was truncated to 0 bytes, and the directory stayed.
+    #[test]
+    fn a_symlink_planted_at_the_old_predictable_path_truncates_nothing() {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let old = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
+        std::fs::create_dir_all(&old).unwrap();
+        symlink(&victim, old.join(HEARTBEAT_FILE)).unwrap();
+        let made = heartbeat_file(None);
+        std::fs::remove_dir_all(&old).unwrap();
+        let (path, dir) = made.unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let dir = dir.unwrap();
+        assert_eq!(path, dir.path().join(HEARTBEAT_FILE));
+        assert_eq!(dir.path().parent(), Some(std::env::temp_dir().as_path()));
+        assert_ne!(dir.path(), old);
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+        let kept = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!kept.exists());
+    }
+
+    /// In the observation volume, which CMD's container writes too: an existing
+    /// heartbeat is kept as it is; a symlink or a FIFO there is refused, not followed.
+    #[test]
+    fn in_the_observation_volume_a_symlink_or_fifo_is_refused() {
+        let obs = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let beat = obs.path().join(HEARTBEAT_FILE);
+        symlink(&victim, &beat).unwrap();
+        let e = heartbeat_file(Some(obs.path())).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: Too many levels of symbolic links (os error 40)",
+                beat.display()
+            )
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_file(&beat).unwrap();
+        nix::unistd::mkfifo(&beat, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(heartbeat_file(Some(obs.path())).is_err());
+        std::fs::remove_file(&beat).unwrap();
+        std::fs::write(&beat, "beat").unwrap();
+        let (path, dir) = heartbeat_file(Some(obs.path())).unwrap();
+        assert_eq!((path, dir.is_none()), (beat.clone(), true));
+        assert_eq!(std::fs::read_to_string(&beat).unwrap(), "beat");
+    }
 }

@@ -507,3 +507,31 @@ fn absurd_durations_exit_2_before_cmd_starts() {
         assert!(!marker.exists(), "{flags:?}: CMD started");
     }
 }
+
+/// Without `--observations` the heartbeat is in a new directory of random name and
+/// mode 0700 in $TMPDIR, removed when exec exits (it was `trainlet-<pid>`, predictable
+/// and never removed).
+#[test]
+fn the_private_heartbeat_directory_is_0700_and_removed_when_exec_exits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"echo "$TRAINLET_HEARTBEAT"; stat -c %a "$(dirname "$TRAINLET_HEARTBEAT")""#;
+    let r = run(
+        local_exec(dir.path(), &["--stall-after", "1h"], &["sh", "-c", script])
+            .env("TMPDIR", tmp.path()),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    let beat = std::path::Path::new(lines[0]);
+    assert_eq!(beat.file_name().unwrap(), "heartbeat");
+    let private = beat.parent().unwrap();
+    assert_eq!(private.parent(), Some(tmp.path()));
+    let name = private.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("trainlet-") && name.len() > "trainlet-".len() + 4,
+        "{name}"
+    );
+    assert_eq!(lines[1], "700");
+    assert_eq!(list_dir(tmp.path()), Vec::<String>::new());
+}
