@@ -2,11 +2,12 @@
 //! (`trainlet exec --stall-after`), and what its peers read from it: whether it is
 //! stalled, and since when, so that every pod restarts once for one stall.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
 use crate::handover::observation::ProgressObservation;
+use crate::wallclock;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
 /// [`PUBLISH_EVERY`] while nothing else changes), the step, and whether CMD is stalled
@@ -37,17 +38,16 @@ pub fn annotation(
     previous: Option<&Annotation>,
     stall_after: Option<Duration>,
 ) -> Annotation {
-    let rfc =
-        |t_ms: u64| crate::report::probe::oom::rfc3339(UNIX_EPOCH + Duration::from_millis(t_ms));
+    let rfc = |t_ms: u64| wallclock::rfc3339_seconds(wallclock::from_ms(t_ms));
     let every = stall_after.map_or(PUBLISH_EVERY, |d| (d / 2).min(PUBLISH_EVERY));
     let fresh = Annotation {
         at: o.at_ms.map(rfc),
         step: o.step,
         stalled: o.stalled,
         // To the millisecond: peers compare it with when their CMD last started.
-        since: o.since_ms.map(|t| {
-            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(t)).to_string()
-        }),
+        since: o
+            .since_ms
+            .map(|t| wallclock::rfc3339_millis(wallclock::from_ms(t))),
         stalls: o.stalls,
     };
     let Some(prev) = previous else {
@@ -60,7 +60,7 @@ pub fn annotation(
         .at
         .as_deref()
         .and_then(|t| humantime::parse_rfc3339(t).ok())
-        .map(ms);
+        .map(wallclock::to_ms);
     match (prev_ms, o.at_ms) {
         (Some(p), Some(now)) if now.saturating_sub(p) < every.as_millis() as u64 => prev.clone(),
         _ => fresh,
@@ -108,13 +108,10 @@ pub fn to_act_on<'a>(
         .min_by_key(|s| s.since)
 }
 
-fn ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     fn obs(at_s: Option<u64>, stalled: bool, stalls: u64) -> ProgressObservation {
@@ -176,6 +173,22 @@ mod tests {
         );
         assert_eq!(peer_stall(&serde_json::to_string(&first).unwrap()), None);
         assert_eq!(peer_stall("not json"), None);
+    }
+
+    /// A progress time past year 9999 (a heartbeat's mtime, once) is written as the end
+    /// of 9999, not a panic of the reporter.
+    #[test]
+    fn times_past_year_9999_are_published_as_its_end() {
+        let year_10000_ms = 253_402_300_800_000;
+        let o = ProgressObservation {
+            at_ms: Some(year_10000_ms),
+            since_ms: Some(u64::MAX),
+            ..obs(None, true, 1)
+        };
+        assert_eq!(
+            serde_json::to_string(&annotation(&o, None, None)).unwrap(),
+            r#"{"at":"9999-12-31T23:59:59Z","step":3.0,"stalled":true,"since":"9999-12-31T23:59:59.999Z","stalls":1}"#
+        );
     }
 
     fn stall(pod: &str, since_s: u64, ongoing: bool) -> PeerStall {

@@ -85,7 +85,7 @@ impl Incoming {
             .flat_map(|s| &s.stalled)
             .map(|p| PeerStall {
                 pod: p.pod.clone(),
-                since: std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms),
+                since: crate::wallclock::from_ms(p.since_ms),
                 ongoing: p.ongoing,
             })
             .collect()
@@ -156,10 +156,7 @@ impl Engine {
             .filter(|s| Some(&s.pod) != own.as_ref())
             .take(MAX_STALLED)
             .map(|s| StalledPeer {
-                since_ms: s
-                    .since
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
+                since_ms: crate::wallclock::to_ms(s.since),
                 pod: s.pod,
                 ongoing: s.ongoing,
             })
