@@ -47,10 +47,10 @@ impl Watch {
         self.progress.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// The heartbeat file was touched at `mtime`.
-    pub fn heartbeat(&self, mtime: SystemTime) {
+    /// The heartbeat file changed, as exec saw at `now`.
+    pub fn heartbeat(&self, now: SystemTime) {
         if let Ok(mut p) = self.progress.lock() {
-            p.on_heartbeat(mtime);
+            p.on_heartbeat(now);
         }
     }
 }
@@ -188,10 +188,12 @@ fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
     let mut last: Option<Vec<u8>> = None;
     let mut step = None;
     let mut count = 0u64;
+    let mut stepped = false;
     scanner.feed(chunk, |line| {
         if let Some(s) = watch.pattern.progress(line) {
             count += 1;
             step = s.or(step);
+            stepped = s.is_some();
             last = Some(line.to_vec());
         }
     });
@@ -204,6 +206,7 @@ fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
         if step.is_some() {
             p.step = step;
         }
+        p.stepped = stepped;
         p.line = super::progress::quote(&line);
         p.lines += count;
     }

@@ -508,6 +508,51 @@ fn absurd_durations_exit_2_before_cmd_starts() {
     }
 }
 
+/// A heartbeat's mtime set into the future (a trainer's `os.utime` with its own
+/// numbers) turned the watch off: CMD silent for 4 s under `--stall-after 1s` exited
+/// 0; set to the year 10000 on a tmpfs volume it also crashed the reporter that wrote
+/// it. The change is progress once, when exec sees it; the silence after it is a stall.
+#[test]
+fn a_heartbeat_set_into_the_future_is_progress_once_then_silence_is_a_stall() {
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "the test needs a tmpfs at /dev/shm");
+    let observations = tempfile::tempdir_in(shm).unwrap();
+    let obs = observations.path().to_str().unwrap();
+    // The year 10000 in the observation volume (tmpfs); the year 2100 in the private
+    // directory of exec's own, without one.
+    for (flags, when) in [
+        (vec!["--observations", obs], "@253402300800"),
+        (vec![], "@4102444800"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("finished");
+        let script = format!(
+            "echo start; touch -d {when} \"$TRAINLET_HEARTBEAT\"; sleep 4; touch {}",
+            marker.display()
+        );
+        let mut all = vec!["--stall-after", "1s", "--on-stall", "exit"];
+        all.extend(["--interval", "200ms"]);
+        all.extend(&flags);
+        let r = run(&mut local_exec(dir.path(), &all, &["sh", "-c", &script]));
+        assert_eq!(r.code, 8, "{flags:?}: {}", r.stderr);
+        assert!(!marker.exists(), "{flags:?}: CMD ran to its end");
+        assert!(
+            r.stderr
+                .contains("no progress for 1s; last output \"start\""),
+            "{flags:?}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("panicked"), "{flags:?}: {}", r.stderr);
+    }
+    // What exec handed over is an observation the sidecar takes, with a time of this
+    // century.
+    let text = std::fs::read(observations.path().join("exec.json")).unwrap();
+    let o = trainlet::handover::observation::parse(&text, "exec.json").unwrap();
+    let at = o.progress.unwrap().at_ms.unwrap();
+    let now = trainlet::wallclock::to_ms(std::time::SystemTime::now());
+    assert!(at <= now && now - at < 60_000, "at_ms {at}, now {now}");
+}
+
 /// Without `--observations` the heartbeat is in a new directory of random name and
 /// mode 0700 in $TMPDIR, removed when exec exits (it was `trainlet-<pid>`, predictable
 /// and never removed).

@@ -20,13 +20,17 @@ use crate::metrics::ContainerLabel;
 use crate::peers::progress::{PeerStall, annotation, to_act_on};
 use crate::supervise::output::Watch;
 use crate::supervise::policy::OnStall;
-use crate::supervise::progress::{Progress, StallWatch, Transition, WatchConfig, stalled_note};
+use crate::supervise::progress::{
+    Heartbeat, Progress, StallWatch, Transition, WatchConfig, stalled_note,
+};
 
 /// exec's progress watch.
 pub(super) struct Watching {
     pub watch: Arc<Watch>,
     pub stall: Option<StallWatch>,
     heartbeat: Option<PathBuf>,
+    /// The heartbeat file's mtime as last seen: a change is progress.
+    beat: Heartbeat,
     /// CMD's CPU time (clock ticks) over time, for the window of a stall.
     cpu: VecDeque<(SystemTime, u64)>,
     /// The last `Stalled` Event's note.
@@ -48,6 +52,7 @@ impl Watching {
             watch: Watch::new(cfg.pattern.clone()),
             stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
             heartbeat: cfg.heartbeat.clone(),
+            beat: Heartbeat::new(cfg.heartbeat.as_deref().and_then(mtime)),
             cpu: VecDeque::new(),
             note: String::new(),
             last_stall: None,
@@ -75,9 +80,13 @@ impl Watching {
     }
 }
 
+/// The heartbeat file's mtime, if it can be read.
+fn mtime(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
 fn ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::wallclock::to_ms(t)
 }
 
 /// CPU use of CMD's tree over the window, in percent of a core, from the samples.
@@ -105,14 +114,8 @@ impl Engine {
         let Some(w) = self.progress.as_mut() else {
             return;
         };
-        if let Some(mtime) = w
-            .heartbeat
-            .as_deref()
-            .and_then(|h| std::fs::metadata(h).ok())
-            .and_then(|m| m.modified().ok())
-            .filter(|m| *m > w.started)
-        {
-            w.watch.heartbeat(mtime);
+        if w.beat.changed(w.heartbeat.as_deref().and_then(mtime)) {
+            w.watch.heartbeat(now);
         }
         w.cpu.push_back((now, ticks));
         let keep = w.stall.as_ref().map_or(Duration::ZERO, |s| s.after) + self.cfg.interval * 2;
@@ -230,7 +233,7 @@ impl Engine {
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
-                    at: o.at_ms.map(|t| UNIX_EPOCH + Duration::from_millis(t)),
+                    at: o.at_ms.map(crate::wallclock::from_ms),
                     step: o.step,
                     ..Progress::default()
                 };
