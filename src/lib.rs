@@ -62,6 +62,8 @@ pub mod report;
 pub mod signal;
 /// `trainlet status`: a job's pods as trainlet sees them, and a verdict.
 pub mod status;
+/// exec's own log lines between CMD's lines on the stderr they share.
+pub mod stderr_gate;
 /// Small helpers for the streams the loops wait on.
 pub mod stream;
 /// `trainlet exec`'s life of CMD: start, stop its tree, restart on a peer change.

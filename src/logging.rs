@@ -14,7 +14,8 @@ pub enum LogFormat {
 pub fn init(format: LogFormat, filter: EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Through the gate that keeps exec's lines out of CMD's (stderr_gate).
+        .with_writer(crate::stderr_gate::LogWriter::default)
         // Colours only for a person at a terminal, never in container logs.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);

@@ -117,6 +117,7 @@ pub struct Metrics {
     pub last_progress: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
     pub progress_step: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
     pub stalled: Family<ContainerLabel, Gauge>,
+    pub silent: Family<ContainerLabel, Gauge>,
     pub stalls: Counter,
     pub observations_rejected: Family<ReasonLabel, Counter>,
     pub events_dropped: Family<ReasonLabel, Counter>,
@@ -148,6 +149,7 @@ impl Metrics {
             last_progress: Family::default(),
             progress_step: Family::default(),
             stalled: Family::default(),
+            silent: Family::default(),
             stalls: Counter::default(),
             observations_rejected: Family::default(),
             events_dropped: Family::default(),
@@ -227,6 +229,11 @@ impl Metrics {
             "stalled",
             "1 while CMD is stalled: no progress for trainlet exec --stall-after, by container",
             m.stalled.clone(),
+        );
+        registry.register(
+            "silent",
+            "1 while CMD has shown no progress since it started (trainlet exec --stall-after): a rank that never prints, which is no stall by itself; by container",
+            m.silent.clone(),
         );
         registry.register(
             "stalls",

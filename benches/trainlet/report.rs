@@ -271,6 +271,29 @@ fn stall_table(s: &mut String, v: &Value) {
     );
     let _ = writeln!(
         s,
+        "\n**The stall watch: lines through exec** (256 MiB of lines of 64 or 200 bytes from `cat` into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m`, with and without `--progress-pattern 'step (\\d+)'`, which every line matches; alternating):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| line | pattern | direct GiB/s | through exec GiB/s | ratio (medians) | target | met |\n|---|---|---|---|---|---|---|"
+    );
+    for l in v["lines"].as_array().into_iter().flatten() {
+        let nums = |k: &str| -> Vec<f64> { l[k].as_array().into_iter().flatten().map(f).collect() };
+        let ratio = f(&l["ratio"]);
+        let _ = writeln!(
+            s,
+            "| {} B | {} | {} | {} | {:.3} | ≥ {} | {} |",
+            l["line_bytes"],
+            if l["pattern"] == true { "yes" } else { "no" },
+            each(&nums("direct_gib_s")),
+            each(&nums("exec_gib_s")),
+            ratio,
+            f(&v["target_ratio"]),
+            met(ratio >= f(&v["target_ratio"])),
+        );
+    }
+    let _ = writeln!(
+        s,
         "\n**The stall watch: hang to group restart** (3 pods, `--stall-after {}s --on-stall restart --interval {}s --restart-backoff {}s`; from the silent pod's last line to each pod's CMD starting again):\n",
         f(&v["stall_after_s"]),
         f(&v["interval_s"]),

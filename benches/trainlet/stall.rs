@@ -10,6 +10,11 @@
 //!   `/usr/bin/time`: exec's added CPU per GiB is the CPU of a run through exec, less
 //!   dd's alone and less exec's with a CMD that writes nothing; the peak RSS of the
 //!   two shows that the stream does not grow exec's memory.
+//! - **Lines.** What trainers print: lines of 64 and of 200 bytes (`step N loss …`),
+//!   256 MiB of each from a file (`cat`), directly and through exec with and without
+//!   `--progress-pattern 'step (\d+)'` (which every line matches), alternating,
+//!   [`ROUNDS`] times each; the target is the same ratio. exec looks at a chunk's
+//!   lines from its end and stops at the last that is progress.
 //! - **Hang to group restart.** Three pods, each `trainlet exec --stall-after 5s
 //!   --on-stall restart --interval 1s --restart-backoff 1s` with credentials, CMD
 //!   printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
@@ -54,6 +59,8 @@ pub struct Outcome {
     pub exec_added_cpu_ms_per_gib: f64,
     pub exec_peak_rss_kib_1gib: u64,
     pub exec_peak_rss_kib_empty: u64,
+    /// Line-structured output, by line length and with or without the pattern.
+    pub lines: Vec<Lines>,
     /// Hang to group restart.
     pub stall_after_s: f64,
     pub interval_s: f64,
@@ -66,11 +73,59 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+/// Line-structured output through exec against directly.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lines {
+    pub line_bytes: usize,
+    pub pattern: bool,
+    pub bytes: u64,
+    pub direct_gib_s: Vec<f64>,
+    pub exec_gib_s: Vec<f64>,
+    pub ratio: f64,
+}
+
+/// The size of each line-structured stream.
+const LINES_BYTES: u64 = 256 << 20;
+
+/// A file of `bytes` of lines `line_bytes` long, newline included, each a step.
+fn line_file(line_bytes: usize, bytes: u64) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    let mut w = std::io::BufWriter::new(f.as_file_mut());
+    let mut written = 0u64;
+    let mut step = 0u64;
+    while written < bytes {
+        let mut line = format!("step {step} loss 0.4213 lr 0.0003 ");
+        line.truncate(line_bytes - 1);
+        while line.len() < line_bytes - 1 {
+            line.push('.');
+        }
+        line.push('\n');
+        w.write_all(line.as_bytes()).unwrap();
+        written += line_bytes as u64;
+        step += 1;
+    }
+    w.flush().unwrap();
+    drop(w);
+    f
+}
+
+/// `dd` writing `bytes` of zeros in 1 MiB blocks.
+fn dd(bytes: u64) -> Vec<String> {
+    [
+        "dd".to_string(),
+        "if=/dev/zero".into(),
+        "bs=1M".into(),
+        format!("count={}", bytes / (1 << 20)),
+        "status=none".into(),
+    ]
+    .to_vec()
+}
+
 /// One run under `/usr/bin/time`: GiB/s from the first byte to the end, the CPU time
 /// of everything it ran (user + system, ms) and the largest peak RSS among its
 /// processes (KiB): exec's, where it runs (dd's is a few hundred KiB).
-fn pass_through(exec: Option<&[String]>, bytes: u64) -> (f64, f64, u64) {
-    let count = bytes / (1 << 20);
+fn pass_through(exec: Option<&[String]>, writer: &[String], bytes: u64) -> (f64, f64, u64) {
     let times = tempfile::NamedTempFile::new().unwrap();
     let mut cmd = Command::new("/usr/bin/time");
     cmd.args(["-f", "%U %S %M", "-o"]).arg(times.path());
@@ -79,13 +134,7 @@ fn pass_through(exec: Option<&[String]>, bytes: u64) -> (f64, f64, u64) {
             .args(prefix)
             .arg("--");
     }
-    cmd.args([
-        "dd",
-        "if=/dev/zero",
-        "bs=1M",
-        &format!("count={count}"),
-        "status=none",
-    ]);
+    cmd.args(writer);
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -172,10 +221,10 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     let (mut direct, mut through) = (Vec::new(), Vec::new());
     let (mut dd_cpu, mut exec_cpu, mut hwm) = (Vec::new(), Vec::new(), 0);
     for _ in 0..ROUNDS {
-        let (r, c, _) = tokio::task::block_in_place(|| pass_through(None, GIB));
+        let (r, c, _) = tokio::task::block_in_place(|| pass_through(None, &dd(GIB), GIB));
         direct.push(r);
         dd_cpu.push(c);
-        let (r, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), GIB));
+        let (r, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), &dd(GIB), GIB));
         through.push(r);
         exec_cpu.push(c);
         hwm = hwm.max(h);
@@ -183,11 +232,36 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     let mut empty_cpu = Vec::new();
     let mut empty_hwm = 0;
     for _ in 0..ROUNDS {
-        let (_, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), 0));
+        let (_, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), &dd(0), 0));
         empty_cpu.push(c);
         empty_hwm = empty_hwm.max(h);
     }
     let ratio = median(&through) / median(&direct);
+
+    // Lines, with and without the pattern.
+    let without: Vec<String> = prefix[..prefix.len() - 2].to_vec();
+    let mut lines = Vec::new();
+    for line_bytes in [64, 200] {
+        let file = line_file(line_bytes, LINES_BYTES);
+        let cat = ["cat".to_string(), file.path().display().to_string()];
+        for (pattern, exec) in [(true, &prefix), (false, &without)] {
+            let (mut d, mut e) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                d.push(tokio::task::block_in_place(|| pass_through(None, &cat, LINES_BYTES)).0);
+                e.push(
+                    tokio::task::block_in_place(|| pass_through(Some(exec), &cat, LINES_BYTES)).0,
+                );
+            }
+            lines.push(Lines {
+                line_bytes,
+                pattern,
+                bytes: LINES_BYTES,
+                ratio: median(&e) / median(&d),
+                direct_gib_s: d,
+                exec_gib_s: e,
+            });
+        }
+    }
 
     // Hang to group restart.
     let (restart_after_hang_s, error) = group_restart(client, kubeconfig, &ns, &kubelet).await;
@@ -204,6 +278,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         exec_added_cpu_ms_per_gib: median(&exec_cpu) - median(&dd_cpu) - median(&empty_cpu),
         exec_peak_rss_kib_1gib: hwm,
         exec_peak_rss_kib_empty: empty_hwm,
+        lines,
         stall_after_s: STALL_AFTER_S,
         interval_s: INTERVAL_S,
         backoff_s: BACKOFF_S,

@@ -369,10 +369,16 @@ pub struct ExecArgs {
 pub struct StallArgs {
     /// Call CMD stalled after this long without progress (e.g. 10m; at least 1s): without
     /// a new line of output (or a line --progress-pattern matches), and without a touch of
-    /// the file $TRAINLET_HEARTBEAT names. Off unless given. CMD's output then passes through exec
-    /// (unchanged, unbuffered) to be watched. Choose it longer than CMD's longest silent
-    /// phase (compilation, loading a checkpoint, an evaluation that prints nothing): a
-    /// busy CMD that prints nothing is stalled too. Implies --report.
+    /// the file $TRAINLET_HEARTBEAT names. Off unless given. A CMD that made progress and then
+    /// none for this long is stalled; one that has shown none since it started is only
+    /// silent (the ranks of DDP, torchrun or DeepSpeed that never print, MPI's sshd),
+    /// unless no pod of the job made progress for this long: then rank 0's pod says
+    /// the job is stalled. CMD's output then passes through exec (unchanged,
+    /// unbuffered) to be watched, and CMD gets PYTHONUNBUFFERED=1 unless the container
+    /// sets it (a Python trainer writing to a pipe otherwise holds its lines back).
+    /// Choose it longer than CMD's longest silent phase (compilation, loading a
+    /// checkpoint, an evaluation that prints nothing): a busy CMD that prints nothing is
+    /// stalled too. Implies --report.
     #[arg(long = flags::STALL_AFTER, env = "TRAINLET_STALL_AFTER", value_name = "DURATION")]
     pub stall_after: Option<String>,
 

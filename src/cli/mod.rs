@@ -80,6 +80,8 @@ pub enum Command {
     Master(MasterArgs),
     /// Run a command with TF_CONFIG set: reuse <output-dir>/tf_config.json or run init
     /// first, then replace this process with the command (or supervise it with --report).
+    /// The command gets PYTHONUNBUFFERED=1 unless the container sets it, as Kubeflow's
+    /// operators do: Python holds back what it writes to a pipe.
     Exec(ExecArgs),
     /// Sidecar container: report GPU counts, port conflicts and OOM kills of this pod to
     /// its annotations, to Events and to Prometheus.

@@ -146,6 +146,9 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
     }
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]).envs(env);
+    if let Some((name, value)) = crate::supervise::child::unbuffered(|n| std::env::var_os(n)) {
+        cmd.env(name, value);
+    }
     cmd
 }
 

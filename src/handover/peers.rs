@@ -38,6 +38,10 @@ pub struct PeersState {
     /// `--on-stall restart`: at most [`MAX_STALLED`], the earliest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stalled: Vec<StalledPeer>,
+    /// The latest progress another pod of the job published (ms since the epoch), for
+    /// the stall rule of the pod that speaks for the job's silence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_ms: Option<u64>,
 }
 
 /// The most stalled peers `peers.json` lists: exec acts on the earliest.
@@ -94,6 +98,7 @@ mod tests {
                 since_ms: 1_000,
                 ongoing: true,
             }],
+            progress_ms: Some(900),
         };
         write(dir.path(), &s).unwrap();
         assert_eq!(read(dir.path()), Some(s.clone()));

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -90,6 +91,8 @@ pub struct PeerWatch {
     pub generation: Option<u64>,
     /// The peers that publish a stall, as of the last event ([`PeerWatch::stalled`]).
     stalls: Vec<PeerStall>,
+    /// The latest progress any pod published, as of the last event.
+    latest: Option<SystemTime>,
 }
 
 impl PeerWatch {
@@ -146,6 +149,7 @@ impl PeerWatch {
             drift: None,
             generation: None,
             stalls: Vec::new(),
+            latest: None,
         })
     }
 
@@ -221,39 +225,53 @@ impl PeerWatch {
             Source::Resolver { pods, .. } => pods.apply(ev, store::key, |p| ResolverPod::of(&p)),
         }
         let stalls = self.stalled();
-        let stalls_changed = stalls != self.stalls;
+        let latest = self.latest_progress(None);
+        let progress_changed = stalls != self.stalls || latest != self.latest;
         self.stalls = stalls;
-        self.assess() | stalls_changed
+        self.latest = latest;
+        self.assess() | progress_changed
     }
 
-    /// The live peers whose reporters publish a stall (`trainlet.io/progress`), with
-    /// since when they make no progress, by pod name. A follower of a coordinated job
-    /// sees the resolver pod's alone.
-    pub fn stalled(&self) -> Vec<PeerStall> {
-        let each = |name: &str, progress: &Option<String>| {
-            let (since, ongoing) = super::progress::peer_stall(progress.as_deref()?)?;
-            Some(PeerStall {
-                pod: name.to_string(),
-                since,
-                ongoing,
-            })
-        };
-        let mut out: Vec<PeerStall> = match &self.source {
+    /// The live pods' names and `trainlet.io/progress`: every peer's, or a follower's
+    /// resolver pod's alone.
+    fn progress_annotations(&self) -> Vec<(&str, &str)> {
+        match &self.source {
             Source::Peers { pods, .. } => pods
                 .iter()
                 .flat_map(Store::values)
                 .filter(|p| !p.deleting)
-                .filter_map(|p| each(&p.name, &p.progress))
+                .filter_map(|p| Some((p.name.as_str(), p.progress.as_deref()?)))
                 .collect(),
             Source::Resolver { pods, .. } => pods
                 .values()
                 .filter(|p| p.live)
-                .filter_map(|p| each(&p.name, &p.progress))
+                .filter_map(|p| Some((p.name.as_str(), p.progress.as_deref()?)))
                 .collect(),
-        };
+        }
+    }
+
+    /// The live peers whose reporters publish a stall (`trainlet.io/progress`), with
+    /// since when they make no progress, by pod name. A follower of a coordinated job
+    /// sees the resolver pod's, and those the resolver pod relays.
+    pub fn stalled(&self) -> Vec<PeerStall> {
+        let mut out: Vec<PeerStall> = self
+            .progress_annotations()
+            .into_iter()
+            .flat_map(|(name, text)| super::progress::stalls_in(name, text))
+            .collect();
         out.sort();
         out.dedup();
         out
+    }
+
+    /// The latest progress a live pod other than `own` published
+    /// (`trainlet.io/progress`'s `at`): whether the job makes progress beyond this pod.
+    pub fn latest_progress(&self, own: Option<&str>) -> Option<SystemTime> {
+        self.progress_annotations()
+            .into_iter()
+            .filter(|(name, _)| Some(*name) != own)
+            .filter_map(|(_, text)| super::progress::peer_progress(text))
+            .max()
     }
 
     /// Where the tasks stand now; whether that changed.
@@ -351,6 +369,25 @@ impl PeerWatch {
             .and_then(|c| c.types.first())
             .map_or("", String::as_str);
         r.cluster.task(first, 0).is_some_and(|p| p.uid == uid)
+    }
+
+    /// The resolver pod of a coordinated job: the other pods' stalls, to relay to the
+    /// followers (which watch it alone); nothing on other pods.
+    pub fn to_relay(&self, own: Option<&str>) -> Vec<PeerStall> {
+        let resolver = self
+            .coordination
+            .as_ref()
+            .is_some_and(|c| c.role == CoordinationRole::Resolver);
+        if !resolver {
+            return Vec::new();
+        }
+        let mut stalls: Vec<PeerStall> = self
+            .stalled()
+            .into_iter()
+            .filter(|s| Some(s.pod.as_str()) != own)
+            .collect();
+        stalls.sort_by_key(|s| s.since);
+        stalls
     }
 
     /// The resolver pod's reporter: the cluster as it stands now (replacements moved in,

@@ -19,11 +19,30 @@ pub struct Annotation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<f64>,
     pub stalled: bool,
+    /// CMD has shown no progress since it started: published, never a stall by itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub silent: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
     #[serde(default)]
     pub stalls: u64,
+    /// The resolver pod of a coordinated job: the other pods' stalls, which its
+    /// followers, watching it alone, would not see otherwise. At most
+    /// [`MAX_RELAYED`], the earliest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relayed: Vec<Relayed>,
 }
+
+/// Another pod's stall, as the resolver pod relays it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relayed {
+    pub pod: String,
+    pub since: String,
+    pub stalled: bool,
+}
+
+/// The most stalls a resolver pod relays.
+pub const MAX_RELAYED: usize = 16;
 
 /// How stale the published last progress may get while nothing else changes: the
 /// annotation is a patch of the pod, and a job of a thousand pods that printed every
@@ -37,6 +56,7 @@ pub fn annotation(
     o: &ProgressObservation,
     previous: Option<&Annotation>,
     stall_after: Option<Duration>,
+    relayed: &[PeerStall],
 ) -> Annotation {
     let rfc = |t_ms: u64| wallclock::rfc3339_seconds(wallclock::from_ms(t_ms));
     let every = stall_after.map_or(PUBLISH_EVERY, |d| (d / 2).min(PUBLISH_EVERY));
@@ -44,27 +64,47 @@ pub fn annotation(
         at: o.at_ms.map(rfc),
         step: o.step,
         stalled: o.stalled,
+        silent: o.silent,
         // To the millisecond: peers compare it with when their CMD last started.
-        since: o
-            .since_ms
-            .map(|t| wallclock::rfc3339_millis(wallclock::from_ms(t))),
+        since: o.since_ms.map(|t| millis(wallclock::from_ms(t))),
         stalls: o.stalls,
+        relayed: relayed
+            .iter()
+            .take(MAX_RELAYED)
+            .map(|s| Relayed {
+                pod: s.pod.clone(),
+                since: millis(s.since),
+                stalled: s.ongoing,
+            })
+            .collect(),
     };
     let Some(prev) = previous else {
         return fresh;
     };
-    if prev.stalled != fresh.stalled || prev.stalls != fresh.stalls {
+    // A pod that goes from silent to making progress says so at once: the pod that
+    // speaks for the job's silence reads it.
+    if prev.stalled != fresh.stalled
+        || prev.stalls != fresh.stalls
+        || prev.silent != fresh.silent
+        || prev.relayed != fresh.relayed
+    {
         return fresh;
     }
     let prev_ms = prev
         .at
         .as_deref()
         .and_then(|t| humantime::parse_rfc3339(t).ok())
-        .map(wallclock::to_ms);
+        .map(epoch_ms);
     match (prev_ms, o.at_ms) {
         (Some(p), Some(now)) if now.saturating_sub(p) < every.as_millis() as u64 => prev.clone(),
         _ => fresh,
     }
+}
+
+/// The last progress a peer published (`at`), if any.
+pub fn peer_progress(text: &str) -> Option<SystemTime> {
+    let a: Annotation = serde_json::from_str(text).ok()?;
+    humantime::parse_rfc3339(a.at.as_deref()?).ok()
 }
 
 /// A peer's last published stall, by pod name.
@@ -77,13 +117,26 @@ pub struct PeerStall {
     pub ongoing: bool,
 }
 
-/// A peer's last published stall: since when it made no progress, and whether it still
-/// makes none. Also after the stall ended: `--on-stall restart` ends it within seconds,
-/// and a peer must restart once for it even if its watch saw only the version after.
-pub fn peer_stall(text: &str) -> Option<(SystemTime, bool)> {
-    let a: Annotation = serde_json::from_str(text).ok()?;
-    let since = humantime::parse_rfc3339(a.since.as_deref()?).ok()?;
-    Some((since, a.stalled))
+/// The stalls a pod's `trainlet.io/progress` tells of: its own (as `pod`), and those it
+/// relays as a coordinated job's resolver pod.
+pub fn stalls_in(pod: &str, text: &str) -> Vec<PeerStall> {
+    let Ok(a) = serde_json::from_str::<Annotation>(text) else {
+        return Vec::new();
+    };
+    let parse = |t: &str| humantime::parse_rfc3339(t).ok();
+    let own = a.since.as_deref().and_then(parse).map(|since| PeerStall {
+        pod: pod.to_string(),
+        since,
+        ongoing: a.stalled,
+    });
+    let relayed = a.relayed.iter().take(MAX_RELAYED).filter_map(|r| {
+        Some(PeerStall {
+            pod: r.pod.clone(),
+            since: parse(&r.since)?,
+            ongoing: r.stalled,
+        })
+    });
+    own.into_iter().chain(relayed).collect()
 }
 
 /// The peer stall a pod's CMD restarts for, if any: the earliest of the others' that
@@ -108,6 +161,17 @@ pub fn to_act_on<'a>(
         .min_by_key(|s| s.since)
 }
 
+/// RFC 3339 to the millisecond: peers compare a stall's start with when their CMD last
+/// started. Clamped to 1970..9999 ([`wallclock`]), never a panic.
+fn millis(t: SystemTime) -> String {
+    wallclock::rfc3339_millis(t)
+}
+
+/// Milliseconds since the epoch (0 before it, at most the end of 9999).
+pub fn epoch_ms(t: SystemTime) -> u64 {
+    wallclock::to_ms(t)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::UNIX_EPOCH;
@@ -119,6 +183,7 @@ mod tests {
             at_ms: at_s.map(|s| s * 1000),
             step: Some(3.0),
             stalled,
+            silent: false,
             since_ms: stalled.then_some(1_000_000),
             stalls,
             after_ms: None,
@@ -131,6 +196,7 @@ mod tests {
             &obs(Some(1_000), false, 0),
             None,
             Some(Duration::from_secs(600)),
+            &[],
         );
         assert_eq!(
             serde_json::to_string(&first).unwrap(),
@@ -141,7 +207,8 @@ mod tests {
             annotation(
                 &obs(Some(1_030), false, 0),
                 Some(&first),
-                Some(Duration::from_secs(600))
+                Some(Duration::from_secs(600)),
+                &[]
             ),
             first
         );
@@ -150,6 +217,7 @@ mod tests {
             &obs(Some(1_006), false, 0),
             Some(&first),
             Some(Duration::from_secs(10)),
+            &[],
         );
         assert_eq!(short.at.as_deref(), Some("1970-01-01T00:16:46Z"));
         // A stall is published at once, with since when.
@@ -157,22 +225,72 @@ mod tests {
             &obs(Some(1_001), true, 1),
             Some(&first),
             Some(Duration::from_secs(600)),
+            &[],
         );
         assert_eq!(
             serde_json::to_string(&stalled).unwrap(),
             r#"{"at":"1970-01-01T00:16:41Z","step":3.0,"stalled":true,"since":"1970-01-01T00:16:40.000Z","stalls":1}"#
         );
         assert_eq!(
-            peer_stall(&serde_json::to_string(&stalled).unwrap()),
-            Some((UNIX_EPOCH + Duration::from_secs(1000), true))
+            stalls_in("w-1", &serde_json::to_string(&stalled).unwrap()),
+            [stall("w-1", 1000, true)]
         );
         let ended = r#"{"stalled":false,"since":"1970-01-01T00:16:40.000Z","stalls":1}"#;
+        assert_eq!(stalls_in("w-1", ended), [stall("w-1", 1000, false)]);
         assert_eq!(
-            peer_stall(ended),
-            Some((UNIX_EPOCH + Duration::from_secs(1000), false))
+            stalls_in("w-1", &serde_json::to_string(&first).unwrap()),
+            []
         );
-        assert_eq!(peer_stall(&serde_json::to_string(&first).unwrap()), None);
-        assert_eq!(peer_stall("not json"), None);
+        assert_eq!(stalls_in("w-1", "not json"), []);
+    }
+
+    /// A pod that starts making progress after a silence publishes it at once, whatever
+    /// the refresh interval: the pod that speaks for the job's silence reads it.
+    #[test]
+    fn the_end_of_a_silence_is_published_at_once() {
+        let silent = ProgressObservation {
+            silent: true,
+            ..obs(None, false, 0)
+        };
+        let first = annotation(&silent, None, Some(Duration::from_secs(600)), &[]);
+        assert_eq!(
+            serde_json::to_string(&first).unwrap(),
+            r#"{"step":3.0,"stalled":false,"silent":true,"stalls":0}"#
+        );
+        let spoke = annotation(&obs(Some(1_000), false, 0), Some(&first), None, &[]);
+        assert_eq!(
+            serde_json::to_string(&spoke).unwrap(),
+            r#"{"at":"1970-01-01T00:16:40Z","step":3.0,"stalled":false,"stalls":0}"#
+        );
+        assert_eq!(
+            peer_progress(&serde_json::to_string(&spoke).unwrap()),
+            Some(UNIX_EPOCH + Duration::from_secs(1000))
+        );
+        assert_eq!(peer_progress(&serde_json::to_string(&first).unwrap()), None);
+    }
+
+    /// A coordinated job's followers watch the resolver pod alone: it relays the other
+    /// pods' stalls, and a follower reads them as its peers'.
+    #[test]
+    fn the_resolver_pod_relays_the_other_pods_stalls() {
+        let relayed = [stall("w-7", 1_000, true), stall("w-3", 990, false)];
+        let a = annotation(&obs(Some(1_000), false, 0), None, None, &relayed);
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(
+            text,
+            r#"{"at":"1970-01-01T00:16:40Z","step":3.0,"stalled":false,"stalls":0,"relayed":[{"pod":"w-7","since":"1970-01-01T00:16:40.000Z","stalled":true},{"pod":"w-3","since":"1970-01-01T00:16:30.000Z","stalled":false}]}"#
+        );
+        assert_eq!(stalls_in("w-0", &text), relayed.to_vec());
+        // A change of what is relayed is published at once.
+        let next = annotation(&obs(Some(1_001), false, 0), Some(&a), None, &relayed[..1]);
+        assert_eq!(next.relayed.len(), 1);
+        // The resolver's own stall comes first, under its name.
+        let own = annotation(&obs(Some(1_001), true, 1), None, None, &relayed[..1]);
+        assert_eq!(
+            stalls_in("w-0", &serde_json::to_string(&own).unwrap()),
+            [stall("w-0", 1_000, true), stall("w-7", 1_000, true)]
+        );
+        assert_eq!(stalls_in("w-0", "not json"), []);
     }
 
     /// A progress time past year 9999 (a heartbeat's mtime, once) is written as the end
@@ -186,7 +304,7 @@ mod tests {
             ..obs(None, true, 1)
         };
         assert_eq!(
-            serde_json::to_string(&annotation(&o, None, None)).unwrap(),
+            serde_json::to_string(&annotation(&o, None, None, &[])).unwrap(),
             r#"{"at":"9999-12-31T23:59:59Z","step":3.0,"stalled":true,"since":"9999-12-31T23:59:59.999Z","stalls":1}"#
         );
     }

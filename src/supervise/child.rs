@@ -17,6 +17,23 @@ use crate::signal;
 /// pipes (a process CMD left behind may still hold them open).
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// The variable that makes Python write its output at once: a Python trainer whose
+/// stdout is a pipe (exec's, or the container runtime's log pipe) otherwise holds it in
+/// an 8 KiB buffer, so the stall watch sees no line for minutes and whatever is in the
+/// buffer is lost when CMD is stopped. Kubeflow's training operator sets it in every
+/// PyTorch and JAX container for the same reason.
+pub const PYTHON_UNBUFFERED: &str = "PYTHONUNBUFFERED";
+
+/// `PYTHONUNBUFFERED=1` for CMD, unless the container already sets it (to anything:
+/// the user's choice stands). `env` reads exec's environment.
+pub fn unbuffered(
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<(&'static str, &'static str)> {
+    env(PYTHON_UNBUFFERED)
+        .is_none()
+        .then_some((PYTHON_UNBUFFERED, "1"))
+}
+
 /// The running command.
 pub struct Child {
     pub pid: u32,
@@ -118,5 +135,17 @@ impl SpawnError {
             std::io::ErrorKind::NotFound => crate::Code::CommandNotFound,
             _ => crate::Code::CannotExecute,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_is_unbuffered_unless_the_container_says_otherwise() {
+        assert_eq!(unbuffered(|_| None), Some(("PYTHONUNBUFFERED", "1")));
+        assert_eq!(unbuffered(|_| Some("0".into())), None);
+        assert_eq!(unbuffered(|_| Some("".into())), None);
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::progress::{LineScanner, Pattern, Progress};
 
@@ -62,6 +62,15 @@ pub enum Stream {
     Stderr,
 }
 
+impl std::fmt::Display for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        })
+    }
+}
+
 /// The copy threads of one run of CMD.
 #[derive(Debug, Default)]
 pub struct Copiers(Vec<JoinHandle<()>>);
@@ -91,6 +100,8 @@ impl Copiers {
                 let _ = t.join();
             }
         }
+        // A log line of exec's that waited for a line CMD never ended.
+        crate::stderr_gate::stderr().flush();
     }
 }
 
@@ -106,8 +117,10 @@ fn spawn(
         .ok()
 }
 
-/// Copies until end of file. A closed output (exec's stdout gone) stops the writing,
-/// not the reading: CMD must never block on a full pipe because of exec.
+/// Copies until end of file. exec's stream closed by its reader (EPIPE, as `| head`
+/// does) closes CMD's pipe too, so CMD sees the broken pipe as it would without exec.
+/// Any other failed write is a warning once, and the reading goes on without writing:
+/// CMD must never block on a full pipe because of exec.
 pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: &Watch) {
     let mut buf = vec![0u8; CHUNK];
     let mut scanner = LineScanner::default();
@@ -115,58 +128,133 @@ pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: &Watch) {
     // tee(2) until it says that exec's stream is no pipe (EINVAL).
     let mut tee = true;
     loop {
-        let n = if writable && tee {
-            match tee_out(&pipe, to) {
-                Ok(0) => return,
-                Ok(n) => match read_exactly(&mut pipe, &mut buf[..n]) {
-                    Ok(()) => {
-                        observe(&mut scanner, &buf[..n], watch);
-                        continue;
-                    }
-                    Err(e) => {
-                        debug!("reading CMD's {to:?}: {e}");
-                        return;
-                    }
-                },
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(nix::errno::Errno::EINVAL) => {
-                    tee = false;
-                    continue;
-                }
-                Err(e) => {
-                    debug!("passing CMD's {to:?} through: {e}; reading on without writing");
-                    writable = false;
-                    continue;
-                }
+        if writable && tee {
+            if let Err(e) = readable(&pipe) {
+                debug!("waiting for CMD's {to:?}: {e}");
+                return;
             }
-        } else {
-            match pipe.read(&mut buf) {
+            let teed = through(to, || match tee_out(&pipe, to) {
+                Ok(0) => (Ok(0), None),
+                Ok(n) => match read_exactly(&mut pipe, &mut buf[..n]) {
+                    Ok(()) => (Ok(n), Some(buf[..n].to_vec())),
+                    Err(e) => (Err(Teed::Read(e)), None),
+                },
+                Err(e) => (Err(Teed::Write(e)), None),
+            });
+            match teed {
                 Ok(0) => return,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => {
+                Ok(n) => observe(&mut scanner, &buf[..n], watch),
+                Err(Teed::Read(e)) => {
                     debug!("reading CMD's {to:?}: {e}");
                     return;
                 }
+                Err(Teed::Write(nix::errno::Errno::EINTR)) => {}
+                // exec's stream is full (its reader is slow): wait for room, as a
+                // blocking write would, but outside the gate.
+                Err(Teed::Write(nix::errno::Errno::EAGAIN)) => {
+                    if let Err(e) = writable_out(to) {
+                        debug!("waiting for room in exec's {to}: {e}");
+                    }
+                }
+                Err(Teed::Write(nix::errno::Errno::EINVAL)) => tee = false,
+                Err(Teed::Write(nix::errno::Errno::EPIPE)) => return closed(to),
+                Err(Teed::Write(e)) => {
+                    warn!(
+                        "cannot pass CMD's {to} through: {e}; what it writes there is lost from now on"
+                    );
+                    writable = false;
+                }
+            }
+            continue;
+        }
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => {
+                debug!("reading CMD's {to:?}: {e}");
+                return;
             }
         };
         let chunk = &buf[..n];
-        if writable && let Err(e) = write_all(to, chunk) {
-            debug!("writing CMD's {to:?} through: {e}; reading on without writing");
-            writable = false;
+        if writable {
+            match through(to, || (write_all(to, chunk), Some(chunk.to_vec()))) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return closed(to),
+                Err(e) => {
+                    warn!(
+                        "cannot pass CMD's {to} through: {e}; what it writes there is lost from now on"
+                    );
+                    writable = false;
+                }
+            }
         }
         observe(&mut scanner, chunk, watch);
     }
 }
 
-/// Duplicates what the pipe holds (up to a chunk) into exec's stream, waiting for it.
+/// Why a tee of CMD's output failed.
+enum Teed {
+    Read(std::io::Error),
+    Write(nix::errno::Errno),
+}
+
+/// exec's stream has no reader any more: CMD's pipe is closed (by returning, which
+/// drops it), and CMD's next write there fails with EPIPE as it would without exec.
+fn closed(to: Stream) {
+    warn!("exec's {to} was closed by its reader; closing CMD's {to} too");
+}
+
+/// Writes CMD's chunk: stderr through the gate that keeps exec's own log lines between
+/// CMD's lines ([`crate::stderr_gate`]), stdout directly.
+fn through<T>(to: Stream, write: impl FnOnce() -> (T, Option<Vec<u8>>)) -> T {
+    match to {
+        Stream::Stderr => crate::stderr_gate::stderr().write_cmd(write),
+        Stream::Stdout => write().0,
+    }
+}
+
+/// Waits until the pipe has data or is closed, so that the tee under the gate never
+/// blocks the gate.
+fn readable(pipe: &impl AsFd) -> nix::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Waits until exec's stream has room.
+fn writable_out(to: Stream) -> nix::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let (out, err) = (std::io::stdout(), std::io::stderr());
+    let fd = match to {
+        Stream::Stdout => out.as_fd(),
+        Stream::Stderr => err.as_fd(),
+    };
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Duplicates what the pipe holds (up to a chunk) into exec's stream; [`readable`]
+/// waited for it, so this does not wait for CMD.
 fn tee_out(pipe: &impl AsFd, to: Stream) -> nix::Result<usize> {
     let (out, err) = (std::io::stdout(), std::io::stderr());
     let fd = match to {
         Stream::Stdout => out.as_fd(),
         Stream::Stderr => err.as_fd(),
     };
-    nix::fcntl::tee(pipe, fd, CHUNK, nix::fcntl::SpliceFFlags::empty())
+    nix::fcntl::tee(pipe, fd, CHUNK, nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK)
 }
 
 /// The bytes tee(2) just duplicated: they are in the pipe, and exec is its only
@@ -183,32 +271,34 @@ fn read_exactly(pipe: &mut impl Read, mut buf: &mut [u8]) -> std::io::Result<()>
     Ok(())
 }
 
-/// The chunk's lines into the shared progress, under one lock per chunk.
+/// The chunk's last progress into the shared progress, under one lock per chunk: only
+/// the last line that is progress matters (and, when it gives no step, the last step
+/// before it), so the lines are looked at from the end and the rest is skipped.
 fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
-    let mut last: Option<Vec<u8>> = None;
+    let mut last: Option<String> = None;
     let mut step = None;
-    let mut count = 0u64;
     let mut stepped = false;
-    scanner.feed(chunk, |line| {
-        if let Some(s) = watch.pattern.progress(line) {
-            count += 1;
-            step = s.or(step);
+    scanner.feed_rev(chunk, |line| {
+        let Some(s) = watch.pattern.progress(line) else {
+            return false;
+        };
+        if last.is_none() {
+            last = Some(super::progress::quote(line));
             stepped = s.is_some();
-            last = Some(line.to_vec());
         }
+        step = s;
+        step.is_some()
     });
     let Some(line) = last else {
         return;
     };
     if let Ok(mut p) = watch.progress.lock() {
-        let now = SystemTime::now();
-        p.at = Some(now);
+        p.at = Some(SystemTime::now());
         if step.is_some() {
             p.step = step;
         }
         p.stepped = stepped;
-        p.line = super::progress::quote(&line);
-        p.lines += count;
+        p.line = line;
     }
 }
 

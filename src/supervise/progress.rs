@@ -42,19 +42,39 @@ pub struct LineScanner {
 }
 
 impl LineScanner {
-    /// Feeds one chunk; `each` gets every line the chunk completes (without its end).
-    pub fn feed(&mut self, mut chunk: &[u8], mut each: impl FnMut(&[u8])) {
-        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
-            self.keep(&chunk[..end]);
-            // An empty line (`\r\n`'s second half, blank lines) is no news.
-            if !self.line.is_empty() || self.dropped {
-                each(&self.line);
+    /// Feeds one chunk; `each` gets the lines the chunk completes, the last first,
+    /// until it returns `true`: only the last progress of a chunk matters, and with
+    /// 64-byte lines a chunk completes two thousand.
+    pub fn feed_rev(&mut self, chunk: &[u8], mut each: impl FnMut(&[u8]) -> bool) {
+        let Some(last_end) = memchr::memrchr2(b'\n', b'\r', chunk) else {
+            self.keep(chunk);
+            return;
+        };
+        let (complete, rest) = (&chunk[..last_end], &chunk[last_end + 1..]);
+        let mut end = complete.len();
+        loop {
+            match memchr::memrchr2(b'\n', b'\r', &complete[..end]) {
+                Some(i) => {
+                    let line = &complete[i + 1..end];
+                    // An empty line (`\r\n`'s second half, blank lines) is no news.
+                    if !line.is_empty() && each(&line[..line.len().min(MAX_LINE)]) {
+                        break;
+                    }
+                    end = i;
+                }
+                None => {
+                    // The first line: what the chunks before began of it.
+                    self.keep(&complete[..end]);
+                    if !self.line.is_empty() || self.dropped {
+                        each(&self.line);
+                    }
+                    break;
+                }
             }
-            self.line.clear();
-            self.dropped = false;
-            chunk = &chunk[end + 1..];
         }
-        self.keep(chunk);
+        self.line.clear();
+        self.dropped = false;
+        self.keep(rest);
     }
 
     fn keep(&mut self, part: &[u8]) {
@@ -124,8 +144,6 @@ pub struct Progress {
     pub line: String,
     /// Whether `line` gave `step` (a matching line without a number does not).
     pub stepped: bool,
-    /// Lines that were progress, all told.
-    pub lines: u64,
 }
 
 impl Progress {
@@ -140,7 +158,6 @@ impl Progress {
         }
         self.stepped = step.is_some();
         self.line = quote(line);
-        self.lines += 1;
     }
 
     /// The heartbeat file changed ([`Heartbeat::changed`]), as exec saw at `now`: the
@@ -195,20 +212,83 @@ pub fn quote(line: &[u8]) -> String {
 /// A change of the stall state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
-    /// No progress for `--stall-after`: the `n`th stall since exec started.
-    Stalled { n: u64 },
-    /// Progress again after a stall.
+    /// A stall ([`judge`]): the `n`th since exec started.
+    Stalled { n: u64, kind: StallKind },
+    /// Progress again after a stall (this pod's, or another pod's after a job stall).
     Resumed,
+}
+
+/// What the job shows beyond this pod, for [`judge`]: in DDP, torchrun, DeepSpeed and
+/// Accelerate scripts only global rank 0 logs, and MPI workers run `sshd -D`, so a pod
+/// that never prints says nothing by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobView {
+    /// This pod speaks for the job's silence: it runs rank 0, or it knows of no other
+    /// pod (exec alone, a job of one). One pod, so that a job that is silent as a
+    /// whole is one stall, not one per pod.
+    pub speaks_for_job: bool,
+    /// The latest progress another pod of the job has published, where exec sees its
+    /// peers (its own watch, or the sidecar's `peers.json`).
+    pub peer_progress: Option<SystemTime>,
+}
+
+/// Which rule found a stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallKind {
+    /// CMD made progress, then none for `--stall-after`.
+    Own,
+    /// No pod of the job made any progress for `--stall-after` (this pod speaks for
+    /// the job).
+    Job,
+}
+
+/// Where one run of CMD stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Progress within `--stall-after`.
+    Progressing,
+    /// No progress since CMD started: published, but never a stall by itself.
+    Silent,
+    Stalled(StallKind),
+}
+
+/// The stall rule. A pod whose CMD made progress and then none for `after` is stalled
+/// (the rank that logs and stops). A pod whose CMD has shown no progress since it
+/// `started` is silent, which is no stall: the ranks that never print. The job as a
+/// whole is stalled when no pod of it made any progress for `after`: the pod that
+/// speaks for the job says so once its CMD has run that long and no other pod has
+/// published progress since it started (a pod that has is the one to tell its own
+/// stall, so one stall is never announced twice).
+///
+/// `last` is CMD's last progress in this run (none before `started`).
+pub fn judge(
+    started: SystemTime,
+    last: Option<SystemTime>,
+    after: Duration,
+    job: JobView,
+    now: SystemTime,
+) -> Standing {
+    let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
+    match last.filter(|at| *at > started) {
+        Some(at) if since(at) >= after => Standing::Stalled(StallKind::Own),
+        Some(_) => Standing::Progressing,
+        None if job.speaks_for_job
+            && job.peer_progress.is_none_or(|p| p <= started)
+            && since(started) >= after =>
+        {
+            Standing::Stalled(StallKind::Job)
+        }
+        None => Standing::Silent,
+    }
 }
 
 /// The stall state of one run of CMD.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StallWatch {
     pub after: Duration,
-    /// When the watch (re)started: a CMD that never writes anything is stalled
-    /// `after` this.
+    /// When the watch (re)started: progress before it is no progress of this run.
     pub since: SystemTime,
-    pub stalled: bool,
+    pub standing: Standing,
     /// Stalls since exec started, over every run of CMD.
     pub stalls: u64,
 }
@@ -218,18 +298,31 @@ impl StallWatch {
         StallWatch {
             after,
             since: now,
-            stalled: false,
+            standing: Standing::Silent,
             stalls: 0,
         }
+    }
+
+    pub fn stalled(&self) -> bool {
+        matches!(self.standing, Standing::Stalled(_))
+    }
+
+    /// No progress in this run yet (a job stall is silent too).
+    pub fn silent(&self) -> bool {
+        matches!(
+            self.standing,
+            Standing::Silent | Standing::Stalled(StallKind::Job)
+        )
     }
 
     /// CMD started again: its silence counts from now.
     pub fn restart(&mut self, now: SystemTime) {
         self.since = now;
-        self.stalled = false;
+        self.standing = Standing::Silent;
     }
 
-    /// The last progress, or the start when there was none yet.
+    /// Since when CMD made no progress: the last progress, or the start when there was
+    /// none yet.
     pub fn anchor(&self, progress: &Progress) -> SystemTime {
         progress
             .at
@@ -238,20 +331,23 @@ impl StallWatch {
     }
 
     /// What changed at `now`.
-    pub fn check(&mut self, progress: &Progress, now: SystemTime) -> Option<Transition> {
-        let silent = now
-            .duration_since(self.anchor(progress))
-            .unwrap_or_default();
-        match (self.stalled, silent >= self.after) {
-            (false, true) => {
-                self.stalled = true;
-                self.stalls += 1;
-                Some(Transition::Stalled { n: self.stalls })
+    pub fn check(
+        &mut self,
+        progress: &Progress,
+        job: JobView,
+        now: SystemTime,
+    ) -> Option<Transition> {
+        let was = self.stalled();
+        self.standing = judge(self.since, progress.at, self.after, job, now);
+        match (was, self.standing) {
+            (false, Standing::Stalled(kind)) => {
+                self.stalls = self.stalls.saturating_add(1);
+                Some(Transition::Stalled {
+                    n: self.stalls,
+                    kind,
+                })
             }
-            (true, false) => {
-                self.stalled = false;
-                Some(Transition::Resumed)
-            }
+            (true, Standing::Progressing | Standing::Silent) => Some(Transition::Resumed),
             _ => None,
         }
     }

@@ -554,6 +554,7 @@ fn start_handover_with(
         .env("HOME", &home)
         .env("STARTS", &starts)
         .env("HANG", dir.path().join("hang"))
+        .env("SILENT", dir.path().join("silent"))
         .env(
             "TRAINLET_TERMINATION_LOG",
             dir.path().join("termination-log"),
@@ -894,11 +895,13 @@ async fn a_stop_during_the_restart_backoff_says_so() {
 }
 
 /// A CMD that prints a line every 200 ms, until the file `$HANG` appears: then it
-/// removes it and hangs silently (its next start runs normally).
+/// removes it and hangs silently (its next start runs normally). Where `$SILENT`
+/// exists it never prints at all, as the ranks of a job whose rank 0 alone logs.
 const TICKING: [&str; 3] = [
     "sh",
     "-c",
     r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
+if [ -e "$SILENT" ]; then exec sleep 600; fi
 while :; do
   if [ -e "$HANG" ]; then rm "$HANG"; exec sleep 600; fi
   echo tick; sleep 0.2
@@ -906,28 +909,34 @@ done"#,
 ];
 
 /// A Job of 3 pods in the shipped layout, each running [`TICKING`] under
-/// `--stall-after 2s --on-stall restart`, in a new namespace `prefix-…` with pod IPs
-/// 10.9.`subnet`.10-12; each pod's CMD starts after the one before it is up. Pod
-/// `hung` (if any) is silent from its first moment.
+/// `--stall-after stall_after --on-stall restart`, in a new namespace `prefix-…` with pod IPs
+/// 10.9.`subnet`.10-12; each pod's CMD starts after the one before it is up. The pods
+/// `hung` hang from their first moment (in their first run); the pods `silent` never
+/// print.
 async fn stall_restart_job(
     client: &kube::Client,
     prefix: &str,
     subnet: u8,
-    hung: Option<usize>,
+    hung: &[usize],
+    silent: &[usize],
+    stall_after: &str,
 ) -> (String, Vec<String>, Vec<HandoverPod>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(client, prefix, dir.path()).await;
     indexed_job(client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
     let port = free_port();
     let names = run_job_pods(client, &ns, "w", 3, |i| format!("10.9.{subnet}.{}", 10 + i)).await;
-    let flags = ["--stall-after", "2s", "--on-stall", "restart"];
+    let flags = ["--stall-after", stall_after, "--on-stall", "restart"];
     let mut pods = Vec::new();
     for (i, p) in names.iter().enumerate() {
         let dirs = handover_dirs();
         let r = run(&mut handover_init(&kc, &ns, p, &dirs, port, &[]));
         assert_eq!(r.code, 0, "{p}: {}", r.stderr);
-        if hung == Some(i) {
+        if hung.contains(&i) {
             std::fs::write(dirs.dir.path().join("hang"), "").unwrap();
+        }
+        if silent.contains(&i) {
+            std::fs::write(dirs.dir.path().join("silent"), "").unwrap();
         }
         let pod = start_handover_with(&kc, &ns, p, dirs, &flags, &TICKING);
         pod.wait(1).await;
@@ -953,7 +962,8 @@ fn restarting(warnings: &[(String, String)]) -> Vec<String> {
 #[tokio::test]
 async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once() {
     let client = admin().await;
-    let (ns, names, pods, _dir) = stall_restart_job(&client, "handover-stall", 6, None).await;
+    let (ns, names, pods, _dir) =
+        stall_restart_job(&client, "handover-stall", 6, &[], &[], "2s").await;
     // Published, not stalled, by every sidecar.
     for name in &names {
         eventually(
@@ -1034,15 +1044,17 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
     delete_namespace(&client, &ns).await;
 }
 
-/// A rank that hangs from its start, before a slower peer has even started (the usual
-/// hang at the rendezvous): its stall began before that peer's CMD started, yet it is
-/// still going on, so that peer restarts once too, as does the one that started first.
+/// Every rank hangs from its start (the usual hang at the rendezvous), before the later
+/// pods have even started: no pod of the job makes progress, so rank 0's pod says the
+/// job is stalled, once, and every pod's CMD restarts once for it; the stall began
+/// before the later pods' CMDs started, yet it is still going on, so they restart too.
 #[tokio::test]
-async fn without_credentials_a_rank_hung_before_a_later_pod_started_restarts_that_pod_too() {
+async fn without_credentials_a_job_hung_from_its_start_restarts_every_pods_command_once() {
     let client = admin().await;
-    // Silent from its first moment: its stall is since its exec started.
     let (ns, names, pods, _dir) =
-        stall_restart_job(&client, "handover-early-stall", 7, Some(1)).await;
+        // 5 s: every pod's CMD has started before rank 0's stall (each starts after
+        // the one before it is up).
+        stall_restart_job(&client, "handover-early-stall", 7, &[0, 1, 2], &[], "5s").await;
     for p in &pods {
         p.wait(2).await;
     }
@@ -1055,13 +1067,143 @@ async fn without_credentials_a_rank_hung_before_a_later_pod_started_restarts_tha
             Some(1.0),
             "{name}"
         );
+        let stalls = if name == &names[0] { 1.0 } else { 0.0 };
+        assert_eq!(
+            metric(&text, "trainlet_stalls_total"),
+            Some(stalls),
+            "{name}"
+        );
     }
-    let notes = restarting(&warnings_of(&client, &ns, &names[2]).await);
-    let want = format!(
-        "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
-        names[1]
+    let w0 = warnings_of(&client, &ns, &names[0]).await;
+    let stalled: Vec<&str> = w0
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(stalled.len(), 1, "{w0:?}");
+    assert!(
+        stalled[0].starts_with("no progress for 5s; no progress output yet; CMD used ")
+            && stalled[0]
+                .ends_with("% of a core over the window; no pod of the job made progress either"),
+        "{}",
+        stalled[0]
     );
-    assert!(notes.len() == 1 && notes[0].starts_with(&want), "{notes:?}");
+    assert_eq!(
+        restarting(&w0),
+        ["restarting sh (1 of 3) in 1s: no pod of the job made progress for 5s"]
+    );
+    for name in [&names[1], &names[2]] {
+        let w = warnings_of(&client, &ns, name).await;
+        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
+        let notes = restarting(&w);
+        let want = format!(
+            "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+            names[0]
+        );
+        assert!(
+            notes.len() == 1 && notes[0].starts_with(&want),
+            "{name}: {notes:?}"
+        );
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+/// Only rank 0 logs, as in DDP, torchrun and DeepSpeed scripts: the other pods' CMDs
+/// never print. They are silent (published, never stalled) and nothing restarts while
+/// rank 0 logs, for three times `--stall-after` (before, every pod restarted every
+/// `--stall-after`); when rank 0 stops printing, its stall restarts every pod's CMD
+/// once.
+#[tokio::test]
+async fn without_credentials_ranks_that_never_print_are_silent_and_rank_0s_stall_restarts_all_once()
+{
+    let client = admin().await;
+    let (ns, names, pods, _dir) =
+        stall_restart_job(&client, "handover-silent", 8, &[], &[1, 2], "2s").await;
+    let last_start = std::time::SystemTime::now();
+    // Rank 0 logs on, three windows of --stall-after past the last pod's start.
+    let progressed_until = |until: std::time::SystemTime| {
+        let (client, ns, name) = (client.clone(), ns.clone(), names[0].clone());
+        async move {
+            let a = annotations(&client, &ns, &name).await;
+            let p: serde_json::Value = serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+            let at = humantime::parse_rfc3339(p["at"].as_str()?).ok()?;
+            (at >= until).then_some(())
+        }
+    };
+    eventually(
+        "rank 0 logging for 6 s past the last start",
+        Duration::from_secs(60),
+        || progressed_until(last_start + Duration::from_secs(7)),
+    )
+    .await;
+    for (i, (p, name)) in pods.iter().zip(&names).enumerate() {
+        assert_eq!(p.starts.read().len(), 1, "{name}");
+        let w = warnings_of(&client, &ns, name).await;
+        assert_eq!(restarting(&w), Vec::<String>::new(), "{name}");
+        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
+        let text = p.sidecar.metrics().await;
+        let silent = if i == 0 { 0.0 } else { 1.0 };
+        assert_eq!(
+            metric(&text, r#"trainlet_silent{container="main"}"#),
+            Some(silent),
+            "{name}"
+        );
+        assert_eq!(metric(&text, "trainlet_stalls_total"), Some(0.0), "{name}");
+        let a = annotations(&client, &ns, name).await;
+        let p: serde_json::Value = serde_json::from_str(&a["trainlet.io/progress"]).unwrap();
+        // Published only while true.
+        let want = if i == 0 {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(true)
+        };
+        assert_eq!(p["silent"], want, "{name}: {p}");
+        assert_eq!(p["stalled"], false, "{name}: {p}");
+    }
+    // Rank 0 stops printing: its stall, the group restarts once.
+    std::fs::write(pods[0].starts.path.with_file_name("hang"), "").unwrap();
+    for p in &pods {
+        p.wait(2).await;
+    }
+    let restarted = std::time::SystemTime::now();
+    eventually(
+        "rank 0 logging for 6 s past the restart",
+        Duration::from_secs(60),
+        || progressed_until(restarted + Duration::from_secs(6)),
+    )
+    .await;
+    for (p, name) in pods.iter().zip(&names) {
+        assert_eq!(p.starts.read().len(), 2, "{name}");
+    }
+    let w0 = warnings_of(&client, &ns, &names[0]).await;
+    let stalled: Vec<&str> = w0
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(stalled.len(), 1, "{w0:?}");
+    assert!(
+        stalled[0].starts_with("no progress for 2s; last output \"tick\"; CMD used "),
+        "{}",
+        stalled[0]
+    );
+    assert_eq!(
+        restarting(&w0),
+        ["restarting sh (1 of 3) in 1s: main made no progress for 2s"]
+    );
+    for name in [&names[1], &names[2]] {
+        let w = warnings_of(&client, &ns, name).await;
+        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
+        let notes = restarting(&w);
+        let want = format!(
+            "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+            names[0]
+        );
+        assert!(
+            notes.len() == 1 && notes[0].starts_with(&want),
+            "{name}: {notes:?}"
+        );
+    }
     delete_namespace(&client, &ns).await;
 }
 

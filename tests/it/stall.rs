@@ -160,8 +160,13 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
     };
     job.until_done().await;
     let client = admin().await;
+    let seen = events_by_pod(&job.ns).await;
     for (k, name) in ["w-0", "w-1", "w-2"].iter().enumerate() {
-        assert_eq!(job.metric(k, "trainlet_restarts_total"), 1.0, "{name}");
+        assert_eq!(
+            job.metric(k, "trainlet_restarts_total"),
+            1.0,
+            "{name}: {seen:?}"
+        );
         let stalls = if *name == "w-2" { 1.0 } else { 0.0 };
         assert_eq!(job.metric(k, "trainlet_stalls_total"), stalls, "{name}");
         // The metric follows within an --interval of the line.
@@ -464,7 +469,135 @@ fn output_passes_through_unchanged_and_bounded() {
     assert_eq!(child.wait().unwrap().code(), Some(42));
 }
 
-/// `trainlet exec FLAGS -- CMD` without credentials, in `dir` (tf_config.json written).
+/// `trainlet exec` alone (no API server, no peers) with the stall watch: `flags`, then
+/// CMD.
+fn exec_alone(dir: &std::path::Path, flags: &[&str], cmd: &[&str]) -> std::process::Command {
+    write_tf_config(dir, free_port());
+    let mut exec = trainlet();
+    exec.args(["exec", "--metrics-addr", "off", "--interval", "200ms"])
+        .arg("--output-dir")
+        .arg(dir)
+        .args(flags)
+        .arg("--")
+        .args(cmd)
+        .env_remove("PYTHONUNBUFFERED");
+    exec
+}
+
+/// A Python trainer whose stdout is a pipe buffers what it prints: exec sets
+/// PYTHONUNBUFFERED, so a line a second is progress under `--stall-after 3s` (without
+/// it, the first line came after the stall and exec exited 8), and what CMD printed
+/// before exec stops it is in the output.
+#[test]
+fn a_python_trainer_writing_to_a_pipe_is_unbuffered_and_nothing_it_printed_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = ["--stall-after", "3s", "--on-stall", "exit"];
+    let r = run(&mut exec_alone(
+        tmp.path(),
+        &flags,
+        &[
+            "python3",
+            "-c",
+            "import time\nfor i in range(8):\n    print(i)\n    time.sleep(1)",
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "0\n1\n2\n3\n4\n5\n6\n7\n");
+    // Stopped for a stall: the line it printed before is there.
+    let r = run(&mut exec_alone(
+        tmp.path(),
+        // Long enough for Python to start on a loaded machine: a CMD silent since its
+        // start is the job's stall, and this one is to stall after its line.
+        &["--stall-after", "5s", "--on-stall", "exit"],
+        &[
+            "python3",
+            "-c",
+            "import time\nprint('loaded')\ntime.sleep(600)",
+        ],
+    ));
+    assert_eq!(r.code, 8, "{}", r.stderr);
+    assert_eq!(r.stdout, "loaded\n");
+    // The container's own setting stands.
+    let r = run(exec_alone(
+        tmp.path(),
+        &["--stall-after", "1h"],
+        &[
+            "python3",
+            "-c",
+            "import os; print(os.environ['PYTHONUNBUFFERED'])",
+        ],
+    )
+    .env("PYTHONUNBUFFERED", "x"));
+    assert_eq!((r.code, r.stdout.as_str()), (0, "x\n"), "{}", r.stderr);
+}
+
+/// `trainlet exec --stall-after 1h -- yes | head -1` ends as `yes | head -1` does: when
+/// exec's stdout loses its reader, CMD's pipe is closed too and `yes` dies of SIGPIPE
+/// (before, exec read on without writing and it never ended); the lost output is a
+/// warning.
+#[test]
+fn a_closed_stdout_closes_cmds_so_it_ends_by_sigpipe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = exec_alone(tmp.path(), &["--stall-after", "1h"], &["yes"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 2];
+    std::io::Read::read_exact(&mut child.stdout.take().unwrap(), &mut first).unwrap();
+    assert_eq!(&first, b"y\n");
+    // The reader is gone (dropped above): exec must end, with yes's status.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("exec did not end within 30 s after its stdout was closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + 13), "yes ends by SIGPIPE");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("exec's stdout was closed by its reader; closing CMD's stdout too"),
+        "{err}"
+    );
+}
+
+/// exec's own log line never lands inside a line of CMD's stderr: a stall is logged
+/// while CMD is in the middle of `trainer: error: disk full`, and waits for its end
+/// (before, the stderr read `trainer: error:<exec's WARN line> disk full`).
+#[test]
+fn execs_log_lines_land_between_cmds_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = run(&mut exec_alone(
+        tmp.path(),
+        &["--stall-after", "1s"],
+        &[
+            "sh",
+            "-c",
+            "echo step 1; printf 'trainer: error:' >&2; sleep 3; printf ' disk full\\n' >&2",
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert!(lines.contains(&"trainer: error: disk full"), "{}", r.stderr);
+    let warn = lines
+        .iter()
+        .position(|l| l.contains("no progress for 1s; last output \"step 1\""))
+        .unwrap_or_else(|| panic!("no stall logged: {}", r.stderr));
+    let cmd = lines
+        .iter()
+        .position(|l| *l == "trainer: error: disk full")
+        .unwrap();
+    // Logged while CMD was inside that line: written after it.
+    assert!(warn > cmd, "{}", r.stderr);
+}
+
+/// [`exec_alone`] without its `--interval`, for the flags' own checks.
 fn local_exec(dir: &std::path::Path, flags: &[&str], cmd: &[&str]) -> std::process::Command {
     write_tf_config(dir, free_port());
     let mut c = trainlet();
@@ -531,9 +664,8 @@ fn a_heartbeat_set_into_the_future_is_progress_once_then_silence_is_a_stall() {
             marker.display()
         );
         let mut all = vec!["--stall-after", "1s", "--on-stall", "exit"];
-        all.extend(["--interval", "200ms"]);
         all.extend(&flags);
-        let r = run(&mut local_exec(dir.path(), &all, &["sh", "-c", &script]));
+        let r = run(&mut exec_alone(dir.path(), &all, &["sh", "-c", &script]));
         assert_eq!(r.code, 8, "{flags:?}: {}", r.stderr);
         assert!(!marker.exists(), "{flags:?}: CMD ran to its end");
         assert!(
@@ -562,7 +694,7 @@ fn the_private_heartbeat_directory_is_0700_and_removed_when_exec_exits() {
     let dir = tempfile::tempdir().unwrap();
     let script = r#"echo "$TRAINLET_HEARTBEAT"; stat -c %a "$(dirname "$TRAINLET_HEARTBEAT")""#;
     let r = run(
-        local_exec(dir.path(), &["--stall-after", "1h"], &["sh", "-c", script])
+        exec_alone(dir.path(), &["--stall-after", "1h"], &["sh", "-c", script])
             .env("TMPDIR", tmp.path()),
     );
     assert_eq!(r.code, 0, "{}", r.stderr);

@@ -101,6 +101,10 @@ pub struct ProgressObservation {
     pub step: Option<f64>,
     /// CMD makes no progress now (`--stall-after`).
     pub stalled: bool,
+    /// CMD has shown no progress since it started: no stall by itself (the ranks that
+    /// never print).
+    #[serde(default)]
+    pub silent: bool,
     /// Since when CMD is silent, while stalled: its last progress, or its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,

@@ -61,6 +61,7 @@ fn sample() -> Observation {
             at_ms: Some(1_763_800_000_000),
             step: Some(145.0),
             stalled: true,
+            silent: false,
             since_ms: Some(1_763_800_000_000),
             stalls: 1,
             after_ms: Some(300_000),

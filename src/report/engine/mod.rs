@@ -124,9 +124,14 @@ impl Engine {
         };
         let peers_in = match (cfg.mode, &cfg.observations, &cfg.cluster_file) {
             // peers.json tells of peer changes and of peers' stalls.
+            // The stall rule reads the peers' progress too.
             (Mode::Exec, Some(_), Some(f))
                 if cfg.restart.on_change != OnPeerChange::Report
-                    || cfg.restart.on_stall != OnStall::Report =>
+                    || cfg.restart.on_stall != OnStall::Report
+                    || cfg
+                        .progress
+                        .as_ref()
+                        .is_some_and(|p| p.stall_after.is_some()) =>
             {
                 f.parent()
                     .map(|d| peers_file::Incoming::new(d.to_path_buf()))
@@ -147,7 +152,11 @@ impl Engine {
             restart_allowed: false,
             republish: republish::Republish::default(),
             progress: match (cfg.mode, &cfg.progress) {
-                (Mode::Exec, Some(p)) => Some(progress::Watching::new(p, started)),
+                (Mode::Exec, Some(p)) => Some(progress::Watching::new(
+                    p,
+                    cfg.cluster_file.as_deref(),
+                    started,
+                )),
                 _ => None,
             },
             progress_published: None,

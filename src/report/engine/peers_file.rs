@@ -91,6 +91,12 @@ impl Incoming {
             .collect()
     }
 
+    /// The latest progress another pod published, as the sidecar sees it.
+    pub fn peer_progress(&self) -> Option<std::time::SystemTime> {
+        let ms = self.state.as_ref()?.progress_ms?;
+        Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+    }
+
     /// Wakes on a new version of the file; without inotify, exec reads it every
     /// `--interval`.
     pub fn watch(&mut self) {
@@ -156,7 +162,7 @@ impl Engine {
             .filter(|s| Some(&s.pod) != own.as_ref())
             .take(MAX_STALLED)
             .map(|s| StalledPeer {
-                since_ms: crate::wallclock::to_ms(s.since),
+                since_ms: crate::peers::progress::epoch_ms(s.since),
                 pod: s.pod,
                 ongoing: s.ongoing,
             })
@@ -168,6 +174,9 @@ impl Engine {
             generation: out.generation,
             cluster: drift::annotation(watch.drift.as_deref().unwrap_or_default()),
             stalled,
+            progress_ms: watch
+                .latest_progress(own.as_deref())
+                .map(crate::peers::progress::epoch_ms),
         };
         if out.written.as_ref() != Some(&state) {
             match peers::write(&out.dir, &state) {

@@ -8,7 +8,7 @@
 //! progress metrics.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,11 +17,12 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
-use crate::peers::progress::{PeerStall, annotation, to_act_on};
+use crate::peers::progress::{PeerStall, annotation, epoch_ms, to_act_on};
 use crate::supervise::output::Watch;
 use crate::supervise::policy::OnStall;
 use crate::supervise::progress::{
-    Heartbeat, Progress, StallWatch, Transition, WatchConfig, stalled_note,
+    Heartbeat, JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig,
+    stalled_note,
 };
 
 /// exec's progress watch.
@@ -44,11 +45,15 @@ pub(super) struct Watching {
     pub started: SystemTime,
     /// The peers' stalls known when CMD last restarted: the restart answered them.
     acted: Vec<PeerStall>,
+    /// This pod tells when the job as a whole makes no progress
+    /// ([`crate::supervise::progress::judge`]).
+    speaks_for_job: bool,
 }
 
 impl Watching {
-    pub fn new(cfg: &WatchConfig, now: SystemTime) -> Watching {
+    pub fn new(cfg: &WatchConfig, cluster_file: Option<&Path>, now: SystemTime) -> Watching {
         Watching {
+            speaks_for_job: speaks_for_job(cluster_file),
             watch: Watch::new(cfg.pattern.clone()),
             stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
             heartbeat: cfg.heartbeat.clone(),
@@ -64,14 +69,15 @@ impl Watching {
     /// What exec hands the sidecar, and publishes itself with credentials.
     pub fn observation(&self) -> ProgressObservation {
         let p = self.watch.progress();
-        let stalled = self.stall.as_ref().is_some_and(|s| s.stalled);
+        let stalled = self.stall.as_ref().is_some_and(StallWatch::stalled);
         ProgressObservation {
-            at_ms: p.at.map(ms),
+            at_ms: p.at.map(epoch_ms),
             step: p.step,
             stalled,
+            silent: self.stall.as_ref().is_some_and(StallWatch::silent),
             since_ms: match self.stall.as_ref() {
-                Some(s) if s.stalled => Some(ms(s.anchor(&p))),
-                _ => self.last_stall.map(ms),
+                Some(s) if s.stalled() => Some(epoch_ms(s.anchor(&p))),
+                _ => self.last_stall.map(epoch_ms),
             },
             stalls: self.stall.as_ref().map_or(0, |s| s.stalls),
             after_ms: self.stall.as_ref().map(|s| s.after.as_millis() as u64),
@@ -85,8 +91,13 @@ fn mtime(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn ms(t: SystemTime) -> u64 {
-    crate::wallclock::to_ms(t)
+/// Whether this pod speaks for the job's silence: it runs rank 0 of the resolved
+/// cluster, or there is no cluster of several pods it knows of (exec alone).
+fn speaks_for_job(cluster_file: Option<&Path>) -> bool {
+    match cluster_file.map(crate::render::read_cluster_file) {
+        Some(Ok(c)) => c.rank == Some(0) || (c.ranks.len() <= 1 && c.peers.len() <= 1),
+        _ => true,
+    }
 }
 
 /// CPU use of CMD's tree over the window, in percent of a core, from the samples.
@@ -127,23 +138,41 @@ impl Engine {
             w.cpu.pop_front();
         }
         let progress = w.watch.progress();
-        let Some(stall) = w.stall.as_mut() else {
+        let job = JobView {
+            speaks_for_job: w.speaks_for_job,
+            peer_progress: None,
+        };
+        let Some(stall) = w.stall.as_ref() else {
             self.set_progress_metrics(&progress, None);
             return;
         };
-        if ended && !stall.stalled {
-            self.set_progress_metrics(&progress, Some(false));
+        if ended && !stall.stalled() {
+            let silent = stall.silent();
+            self.set_progress_metrics(&progress, Some((false, silent)));
             return;
         }
-        match stall.check(&progress, now) {
-            Some(Transition::Stalled { n }) => {
+        let job = JobView {
+            peer_progress: self.peer_progress(),
+            ..job
+        };
+        let w = self.progress.as_mut().expect("checked above");
+        let stall = w.stall.as_mut().expect("checked above");
+        match stall.check(&progress, job, now) {
+            Some(Transition::Stalled { n, kind }) => {
                 let anchor = stall.anchor(&progress);
                 let silent = now.duration_since(anchor).unwrap_or_default();
                 let cpu = cpu_percent(&w.cpu, anchor);
                 let gpus = self.gpus.utilization();
                 let w = self.progress.as_mut().expect("checked above");
                 w.last_stall = Some(anchor);
-                w.note = stalled_note(silent, &progress, cpu, &gpus);
+                w.note = match kind {
+                    StallKind::Own => stalled_note(silent, &progress, cpu, &gpus),
+                    // Nothing of this run to quote: an earlier run's line would mislead.
+                    StallKind::Job => format!(
+                        "{}; no pod of the job made progress either",
+                        stalled_note(silent, &Progress::default(), cpu, &gpus)
+                    ),
+                };
                 warn!(stall = n, "{}", w.note);
                 let note = w.note.clone();
                 self.metrics.stalls.inc();
@@ -154,25 +183,29 @@ impl Engine {
             Some(Transition::Resumed) => info!("{} makes progress again", self.container_name()),
             None => {}
         }
-        let stalled = self
+        let standing = self
             .progress
             .as_ref()
             .and_then(|w| w.stall.as_ref())
-            .map(|s| s.stalled);
-        self.set_progress_metrics(&progress, stalled);
+            .map(|s| (s.stalled(), s.silent()));
+        self.set_progress_metrics(&progress, standing);
     }
 
-    /// `stalled`: `None` without `--stall-after`, when nothing is ever called stalled
-    /// and `trainlet_stalled` has no series.
-    pub(super) fn set_progress_metrics(&self, p: &Progress, stalled: Option<bool>) {
+    /// `standing` (stalled, silent): `None` without `--stall-after`, when nothing is
+    /// ever called stalled and `trainlet_stalled` and `trainlet_silent` have no series.
+    pub(super) fn set_progress_metrics(&self, p: &Progress, standing: Option<(bool, bool)>) {
         let label = ContainerLabel {
             container: self.container_name(),
         };
-        if let Some(stalled) = stalled {
+        if let Some((stalled, silent)) = standing {
             self.metrics
                 .stalled
                 .get_or_create(&label)
                 .set(i64::from(stalled));
+            self.metrics
+                .silent
+                .get_or_create(&label)
+                .set(i64::from(silent));
         }
         if let Some(at) = p.at {
             let secs = at
@@ -192,12 +225,20 @@ impl Engine {
             return None;
         }
         let w = self.progress.as_ref()?;
-        if let Some(s) = w.stall.as_ref().filter(|s| s.stalled) {
-            return Some(format!(
-                "{} made no progress for {}",
-                self.container_name(),
-                humantime::format_duration(s.after)
-            ));
+        if let Some(s) = w.stall.as_ref() {
+            let after = humantime::format_duration(s.after);
+            match s.standing {
+                Standing::Stalled(StallKind::Own) => {
+                    return Some(format!(
+                        "{} made no progress for {after}",
+                        self.container_name()
+                    ));
+                }
+                Standing::Stalled(StallKind::Job) => {
+                    return Some(format!("no pod of the job made progress for {after}"));
+                }
+                _ => {}
+            }
         }
         let peers = self.peer_stalls();
         let own = self
@@ -212,6 +253,21 @@ impl Engine {
                 crate::report::probe::oom::rfc3339(s.since)
             )
         })
+    }
+
+    /// The latest progress another pod of the job published, where exec sees its
+    /// peers: from `peers.json` handing over, else from its own peer watch.
+    fn peer_progress(&self) -> Option<SystemTime> {
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        match (&self.peers_in, &self.peers) {
+            (Some(p), _) => p.peer_progress(),
+            (None, Some(p)) => p.latest_progress(own),
+            _ => None,
+        }
     }
 
     /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
@@ -237,13 +293,23 @@ impl Engine {
                     step: o.step,
                     ..Progress::default()
                 };
-                self.set_progress_metrics(&p, o.after_ms.map(|_| o.stalled));
+                self.set_progress_metrics(&p, o.after_ms.map(|_| (o.stalled, o.silent)));
                 o
             }
             _ => return None,
         };
         let after = o.after_ms.map(Duration::from_millis);
-        let a = annotation(&o, self.progress_published.as_ref(), after);
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        let relayed = self
+            .peers
+            .as_ref()
+            .map(|p| p.to_relay(own))
+            .unwrap_or_default();
+        let a = annotation(&o, self.progress_published.as_ref(), after, &relayed);
         let text = serde_json::to_string(&a).expect("plain data");
         self.progress_published = Some(a);
         Some(text)

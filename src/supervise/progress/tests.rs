@@ -9,7 +9,12 @@ fn lines(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
     let mut s = LineScanner::default();
     let mut out = Vec::new();
     for c in chunks {
-        s.feed(c, |l| out.push(l.to_vec()));
+        let mut each = Vec::new();
+        s.feed_rev(c, |l| {
+            each.push(l.to_vec());
+            false
+        });
+        out.extend(each.into_iter().rev());
     }
     out
 }
@@ -37,10 +42,16 @@ fn a_line_without_end_keeps_at_most_max_line_bytes() {
     let mut s = LineScanner::default();
     let mut got = Vec::new();
     for _ in 0..1024 {
-        s.feed(&[b'x'; 10 * 1024], |l| got.push(l.len()));
+        s.feed_rev(&[b'x'; 10 * 1024], |l| {
+            got.push(l.len());
+            false
+        });
         assert!(s.line.capacity() <= 2 * MAX_LINE);
     }
-    s.feed(b"\n", |l| got.push(l.len()));
+    s.feed_rev(b"\n", |l| {
+        got.push(l.len());
+        false
+    });
     assert_eq!(got, [MAX_LINE]);
 }
 
@@ -76,7 +87,6 @@ fn progress_keeps_the_last_step_and_line() {
             step: Some(3.0),
             line: "eval".into(),
             stepped: false,
-            lines: 2
         }
     );
 }
@@ -120,22 +130,38 @@ fn a_heartbeat_counts_when_its_mtime_changes_either_way_at_the_time_exec_sees_it
     let seen = t(100) + Duration::from_millis(500);
     pr.on_heartbeat(seen);
     assert_eq!(pr.at, Some(seen));
-    assert_eq!(w.check(&pr, t(101)), None);
+    assert_eq!(w.check(&pr, alone(), t(101)), None);
     // Silent from then on: stalled a second later.
     assert!(!beat.changed(Some(t(100 + 365 * 86_400))));
     assert_eq!(
-        w.check(&pr, seen + Duration::from_secs(1)),
-        Some(Transition::Stalled { n: 1 })
+        w.check(&pr, alone(), seen + Duration::from_secs(1)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
     );
     // Year 10000, then back into the past: each change is progress, seen now.
     assert!(beat.changed(Some(year_10000)));
     pr.on_heartbeat(t(103));
-    assert_eq!(w.check(&pr, t(103)), Some(Transition::Resumed));
+    assert_eq!(w.check(&pr, alone(), t(103)), Some(Transition::Resumed));
     assert!(!beat.changed(Some(year_10000)));
     assert!(beat.changed(Some(t(5))));
     pr.on_heartbeat(t(104));
     assert_eq!(pr.at, Some(t(104)));
-    assert_eq!(w.check(&pr, t(105)), Some(Transition::Stalled { n: 2 }));
+    assert_eq!(
+        w.check(&pr, alone(), t(105)),
+        Some(Transition::Stalled {
+            n: 2,
+            kind: StallKind::Own
+        })
+    );
+}
+
+fn alone() -> JobView {
+    JobView {
+        speaks_for_job: true,
+        peer_progress: None,
+    }
 }
 
 #[test]
@@ -143,19 +169,118 @@ fn a_stall_is_announced_once_and_clears_on_progress() {
     let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
     let mut w = StallWatch::new(Duration::from_secs(5), t(0));
     let mut pr = Progress::default();
-    // Silent from the start: stalled after 5 s.
-    assert_eq!(w.check(&pr, t(4)), None);
-    assert_eq!(w.check(&pr, t(5)), Some(Transition::Stalled { n: 1 }));
-    assert_eq!(w.check(&pr, t(9)), None);
+    // Alone and silent from the start: the job made no progress for 5 s.
+    assert_eq!(w.check(&pr, alone(), t(4)), None);
+    assert!(w.silent());
+    assert_eq!(
+        w.check(&pr, alone(), t(5)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Job
+        })
+    );
+    assert_eq!(w.check(&pr, alone(), t(9)), None);
     pr.on_line(&Pattern::default(), b"step 1", t(10));
-    assert_eq!(w.check(&pr, t(10)), Some(Transition::Resumed));
-    assert_eq!(w.check(&pr, t(16)), Some(Transition::Stalled { n: 2 }));
+    assert_eq!(w.check(&pr, alone(), t(10)), Some(Transition::Resumed));
+    assert!(!w.silent());
+    assert_eq!(
+        w.check(&pr, alone(), t(16)),
+        Some(Transition::Stalled {
+            n: 2,
+            kind: StallKind::Own
+        })
+    );
     // A restart: silence counts from it, and progress from before it is no progress.
     w.restart(t(20));
-    assert!(!w.stalled);
+    assert!(!w.stalled());
+    assert!(w.silent());
     assert_eq!(w.anchor(&pr), t(20));
-    assert_eq!(w.check(&pr, t(24)), None);
-    assert_eq!(w.check(&pr, t(25)), Some(Transition::Stalled { n: 3 }));
+    assert_eq!(w.check(&pr, alone(), t(24)), None);
+    assert_eq!(
+        w.check(&pr, alone(), t(25)),
+        Some(Transition::Stalled {
+            n: 3,
+            kind: StallKind::Job
+        })
+    );
+}
+
+/// The ranks that never print (DDP's, torchrun's, MPI's sshd) are silent, never
+/// stalled, however long they run: a healthy job of two pods whose rank 0 logs does
+/// not restart every `--stall-after`.
+#[test]
+fn a_pod_that_never_prints_is_silent_not_stalled() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let after = Duration::from_secs(5);
+    let rank1 = |peer: Option<u64>| JobView {
+        speaks_for_job: false,
+        peer_progress: peer.map(t),
+    };
+    for now in [4, 5, 60, 3600] {
+        assert_eq!(
+            judge(t(0), None, after, rank1(Some(3)), t(now)),
+            Standing::Silent
+        );
+        // Not even when rank 0 stopped: rank 0 tells that stall itself.
+        assert_eq!(
+            judge(t(0), None, after, rank1(None), t(now)),
+            Standing::Silent
+        );
+    }
+    // Rank 0 silent while rank 1 logs: rank 1's progress since rank 0 started keeps the
+    // job alive, and rank 1 tells its own stall when it stops.
+    let rank0 = |peer: Option<u64>| JobView {
+        speaks_for_job: true,
+        peer_progress: peer.map(t),
+    };
+    assert_eq!(
+        judge(t(10), None, after, rank0(Some(11)), t(100)),
+        Standing::Silent
+    );
+    // No pod of the job made progress since rank 0 started (a peer's progress from
+    // before it is an earlier run's): the job is stalled, once, from rank 0.
+    assert_eq!(
+        judge(t(10), None, after, rank0(Some(9)), t(14)),
+        Standing::Silent
+    );
+    assert_eq!(
+        judge(t(10), None, after, rank0(Some(9)), t(15)),
+        Standing::Stalled(StallKind::Job)
+    );
+    assert_eq!(
+        judge(t(10), None, after, rank0(None), t(15)),
+        Standing::Stalled(StallKind::Job)
+    );
+}
+
+/// A rank-0-only job whose rank 0 stops printing: rank 0's own stall, the one stall
+/// the group restarts for.
+#[test]
+fn a_pod_that_printed_and_stopped_is_stalled() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let after = Duration::from_secs(5);
+    let any = JobView {
+        speaks_for_job: false,
+        peer_progress: Some(t(100)),
+    };
+    assert_eq!(
+        judge(t(0), Some(t(3)), after, any, t(7)),
+        Standing::Progressing
+    );
+    assert_eq!(
+        judge(t(0), Some(t(3)), after, any, t(8)),
+        Standing::Stalled(StallKind::Own)
+    );
+    // Progress from before this run of CMD counts for nothing.
+    assert_eq!(
+        judge(t(10), Some(t(3)), after, any, t(100)),
+        Standing::Silent
+    );
+    // A clock that went back is no silence.
+    assert_eq!(
+        judge(t(0), Some(t(3)), after, any, t(1)),
+        Standing::Progressing
+    );
 }
 
 #[test]
@@ -165,7 +290,6 @@ fn the_note_says_what_was_seen() {
         step: Some(145.0),
         line: "step 145 loss 0.3".into(),
         stepped: true,
-        lines: 145,
     };
     assert_eq!(
         stalled_note(Duration::from_millis(5400), &p, Some(99.6), &[97, 100]),
