@@ -30,6 +30,11 @@ pub enum Code {
     /// for `--stall-after`; it was stopped so that the Job controller replaces this
     /// pod. Retryable.
     Stalled = 8,
+    /// `exec --report`: CMD is a launcher (torchrun, `python -m torch.distributed.run`,
+    /// mpirun, deepspeed, `accelerate launch`) that exited 1, as it does for any
+    /// worker's failure, and the root cause it left names no permanent error; exec
+    /// exits 9 instead of 1, so that a failure policy retries the pod. Retryable.
+    LauncherFailed = 9,
     /// `exec`: the command exists but cannot be executed (as in shells).
     CannotExecute = 126,
     /// `exec`: the command was not found (as in shells).
@@ -60,10 +65,14 @@ pub const INIT_PERMANENT: [i32; 3] = [
 /// repeats on a retry.
 pub const CMD_PERMANENT: [i32; 6] = [1, 2, 126, 127, 128, 139];
 
-/// `trainlet exec`'s own retryable codes: a peer changed (7), CMD stalled (8). A Job's
-/// podFailurePolicy (`inject --failure-policy`) counts them against backoffLimit, and
-/// the controller replaces the pod.
-pub const CMD_RETRYABLE: [i32; 2] = [Code::PeerChanged as i32, Code::Stalled as i32];
+/// `trainlet exec`'s own retryable codes: a peer changed (7), CMD stalled (8), a
+/// launcher's worker failed (9). A Job's podFailurePolicy (`inject --failure-policy`)
+/// counts them against backoffLimit, and the controller replaces the pod.
+pub const CMD_RETRYABLE: [i32; 3] = [
+    Code::PeerChanged as i32,
+    Code::Stalled as i32,
+    Code::LauncherFailed as i32,
+];
 
 /// How the process ends: with one of trainlet's codes, or (`exec --report`) with the
 /// status of the command it ran, which trainlet passes on as a shell would.
@@ -140,6 +149,6 @@ mod tests {
         for c in CMD_RETRYABLE {
             assert!(!CMD_PERMANENT.contains(&c), "{c}");
         }
-        assert_eq!(CMD_RETRYABLE, [7, 8]);
+        assert_eq!(CMD_RETRYABLE, [7, 8, 9]);
     }
 }

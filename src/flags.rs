@@ -86,6 +86,7 @@ pub const IMAGE: &str = "image";
 pub const WRAP: &str = "wrap";
 pub const CLASSIC_SIDECAR: &str = "classic-sidecar";
 pub const FAILURE_POLICY: &str = "failure-policy";
+pub const PERMANENT_EXIT_CODES: &str = "permanent-exit-codes";
 pub const SERVICE_ACCOUNT: &str = "service-account";
 pub const RESOURCES: &str = "resources";
 pub const SHM_SIZE: &str = "shm-size";

@@ -322,7 +322,11 @@ pub struct ExecArgs {
     pub init: InitArgs,
 
     /// Stay as CMD's parent and run the reporters (GPUs, ports, OOM kills of CMD and its
-    /// children) in-process, forwarding signals to CMD.
+    /// children) in-process, forwarding signals to CMD. CMD's root cause, from the
+    /// TORCHELASTIC_ERROR_FILE that exec sets for it, goes into the termination message;
+    /// a launcher (torchrun, mpirun, deepspeed, accelerate launch) that exits 1 ends
+    /// exec with 9 (retryable) unless that root cause is permanent (an ImportError, a
+    /// SyntaxError, ...). See docs/failure-handling.md.
     #[arg(long = flags::REPORT, env = "TRAINLET_REPORT")]
     pub report: bool,
 
@@ -490,6 +494,18 @@ pub struct InjectArgs {
     #[arg(long = flags::FAILURE_POLICY, env = "TRAINLET_FAILURE_POLICY")]
     pub failure_policy: bool,
 
+    /// With --failure-policy: the training container's exit codes that fail the Job at
+    /// once, comma-separated (e.g. `2,126,127,42`), instead of trainlet's (1, 2, 126,
+    /// 127, 128, 139; 2, 126, 127, 128, 139 for a container that runs a launcher such
+    /// as torchrun itself, whose exit 1 may be any worker's transient failure). Each
+    /// from 1 to 255; every other code is counted against backoffLimit.
+    #[arg(
+        long = flags::PERMANENT_EXIT_CODES,
+        env = "TRAINLET_PERMANENT_EXIT_CODES",
+        value_name = "CODES"
+    )]
+    pub permanent_exit_codes: Option<String>,
+
     /// With --wrap: what the wrapped container's `trainlet exec` does when a peer is lost
     /// or replaced after the start (`exec --on-peer-change`, written into its command):
     /// `report` (Events and the annotation; CMD runs on), `restart` (stop CMD, wait for
@@ -498,11 +514,23 @@ pub struct InjectArgs {
     #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
     pub on_peer_change: PeerChange,
 
+    /// With --wrap: how many times the wrapped container's `trainlet exec` restarts its
+    /// command (`--on-peer-change restart`, `--on-stall restart`) before the next change
+    /// exits instead (`exec --max-restarts`, written into its command).
+    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    pub max_restarts: u32,
+
+    /// With --wrap: how long the wrapped command has between SIGTERM and SIGKILL when
+    /// its `trainlet exec` stops it for a restart or an exit (`exec --restart-grace`,
+    /// written into its command).
+    #[arg(long = flags::RESTART_GRACE, env = "TRAINLET_RESTART_GRACE", value_name = "DURATION", default_value = defaults::RESTART_GRACE)]
+    pub restart_grace: String,
+
     /// CPU and memory of trainlet's init container and sidecar, as `cpu=Q,memory=Q`
     /// (either may be left out to keep its default). Requests equal limits, so a pod
     /// whose other containers are Guaranteed stays in the Guaranteed QoS class, which
     /// the kubelet's static CPU manager and topology manager need to align CPUs with
-    /// GPUs.
+    /// GPUs. Memory takes `Mi` or `Gi`: `128m` would be 128 millibytes, and is refused.
     #[arg(long = flags::RESOURCES, env = "TRAINLET_RESOURCES", value_name = "cpu=Q,memory=Q", default_value = defaults::RESOURCES)]
     pub resources: String,
 

@@ -946,6 +946,129 @@ fn failure_policy_adds_the_exit_code_rules_and_restart_policy_never() {
         rjob["template"]["spec"]["containers"][0]["name"]
     );
     assert_eq!(rjob["template"]["spec"]["restartPolicy"], "Never");
+    // Its container runs torchrun itself, not under trainlet exec: exit 1 may be any
+    // worker's transient failure, and is counted.
+    assert_eq!(
+        rjob["podFailurePolicy"]["rules"][2]["onExitCodes"]["values"],
+        serde_json::json!([2, 126, 127, 128, 139])
+    );
+    let notes: Vec<String> = out.notes.iter().map(ToString::to_string).collect();
+    assert!(
+        notes.contains(&"document 1 (jobset.x-k8s.io/v1alpha2 JobSet \"ddp-jobset\"): --failure-policy: container \"pytorch\" runs torchrun, a launcher that exits 1 for any worker's failure, transient ones too: its exit 1 is counted, not permanent (--wrap pytorch tells them apart)".to_string()),
+        "{notes:?}"
+    );
+    // Again with other codes: trainlet's earlier rule is replaced, not kept first.
+    let again = inject(
+        &out.yaml,
+        &config(&[
+            "--job",
+            "worker=jobset.sigs.k8s.io/jobset-name=ddp",
+            "--failure-policy",
+            "--permanent-exit-codes",
+            "42",
+        ]),
+    )
+    .unwrap();
+    let rules = &docs(&again.yaml)[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
+        ["rules"];
+    assert_eq!(rules.as_array().unwrap().len(), 3, "{rules}");
+    assert_eq!(rules[2]["onExitCodes"]["values"], serde_json::json!([42]));
+    // Wrapped, torchrun runs under trainlet exec, which tells its exits apart: 1 stays.
+    let wrapped = inject(
+        js,
+        &config(&[
+            "--job",
+            "worker=jobset.sigs.k8s.io/jobset-name=ddp",
+            "--wrap",
+            "pytorch",
+            "--failure-policy",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        docs(&wrapped.yaml)[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
+            ["rules"][2]["onExitCodes"]["values"],
+        serde_json::json!([1, 2, 126, 127, 128, 139])
+    );
+    assert!(
+        wrapped.notes.iter().all(|n| !n.text.contains("launcher")),
+        "{:?}",
+        wrapped.notes
+    );
+}
+
+/// `--permanent-exit-codes` replaces the training container's codes (sorted, each
+/// once, as Kubernetes wants them), trainlet-init's stay; a second inject with other
+/// codes replaces trainlet's rule instead of keeping the old one first.
+#[test]
+fn permanent_exit_codes_replace_the_training_containers_codes() {
+    let src = include_str!("../../tests/fixtures/inject/failure-policy.orig.yaml");
+    let args = [
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--wrap",
+        "tensorflow",
+        "--failure-policy",
+    ];
+    let default = inject(src, &config(&args)).unwrap();
+    let mut with = args.to_vec();
+    with.extend(["--permanent-exit-codes", "42, 2,42,126"]);
+    for input in [src, default.yaml.as_str()] {
+        let out = inject(input, &config(&with)).unwrap();
+        assert_eq!(
+            docs(&out.yaml)[0]["spec"]["podFailurePolicy"]["rules"],
+            serde_json::json!([
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": "trainlet-init", "operator": "In", "values": [1, 2, 5]}},
+                {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [2, 42, 126]}}
+            ])
+        );
+        assert_eq!(inject(&out.yaml, &config(&with)).unwrap().yaml, out.yaml);
+    }
+}
+
+#[test]
+fn permanent_exit_codes_are_checked() {
+    let base = [
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--failure-policy",
+        "--permanent-exit-codes",
+    ];
+    for (codes, why) in [
+        ("0,1", "0 is success, never a failure"),
+        ("1,256", "\"256\" is not an exit code from 1 to 255"),
+        ("1,-1", "\"-1\" is not an exit code from 1 to 255"),
+        ("1;2", "\"1;2\" is not an exit code from 1 to 255"),
+        (" , ", "give one exit code or more, e.g. 2,126,127"),
+    ] {
+        let mut args = base.to_vec();
+        args.push(codes);
+        let e = config_err(&args);
+        assert_eq!(e.code, Code::Usage);
+        assert_eq!(
+            e.message,
+            format!("invalid --permanent-exit-codes {codes:?}: {why}")
+        );
+    }
+    let all: Vec<String> = (1..=255).chain(1..=255).map(|c| c.to_string()).collect();
+    let all = all.join(",");
+    let mut args = base.to_vec();
+    args.push(&all);
+    assert_eq!(
+        config(&args).permanent_exit_codes,
+        Some((1..=255).collect::<Vec<i32>>())
+    );
+    let e = config_err(&[
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--permanent-exit-codes",
+        "1",
+    ]);
+    assert_eq!(
+        e.message,
+        "--permanent-exit-codes replaces the codes of the podFailurePolicy that --failure-policy adds; pass --failure-policy"
+    );
 }
 
 /// A Job that has a podFailurePolicy of its own keeps its rules, first (the first rule
@@ -1118,7 +1241,7 @@ spec:
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "batch/v1 Job \"mnist\" (document 1): has a volume \"trainlet-token\" that trainlet inject did not add; inject adds its own under that name: rename yours"
+        "batch/v1 Job \"mnist\" (document 1): has a volume \"trainlet-token\" that trainlet inject did not add; inject adds its own under that name: rename yours (and the volumeMounts that use it)"
     );
     // inject's own, from an earlier inject: replaced, as always.
     let once = inject(&job("", ""), &config(&args)).unwrap();

@@ -119,11 +119,13 @@ impl Live {
 /// Where one task stands.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Held {
-    /// By the resolved pod, or by a replacement at the same address.
+    /// By the resolved pod itself.
     Current,
     /// By nobody that serves; `why` says what became of it.
     Lost { why: String },
-    /// By another pod, at another address (a host).
+    /// By another pod (a new UID), at `address`: its host, which may be the one the task
+    /// had (a hostNetwork pod on the same node, a DNS name, an IP handed out again).
+    /// Every rank's communicator broke with the pod it replaced all the same.
     Replaced {
         pod: String,
         uid: String,
@@ -171,15 +173,15 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
                             None => Held::Lost {
                                 why: format!("its replacement {} has no address yet", p.name),
                             },
-                            // A DNS name follows the pod; an IP does not.
-                            Some(_) if r.host().parse::<std::net::IpAddr>().is_err() => {
-                                Held::Current
-                            }
-                            Some(ip) if ip == r.host() => Held::Current,
                             Some(ip) => Held::Replaced {
                                 pod: p.name.clone(),
                                 uid: p.uid.clone(),
-                                address: ip.clone(),
+                                // A DNS name follows the pod; an IP does not.
+                                address: if r.host().parse::<std::net::IpAddr>().is_err() {
+                                    r.host().to_string()
+                                } else {
+                                    ip.clone()
+                                },
                                 node: p.node.clone(),
                             },
                         },
@@ -239,6 +241,9 @@ pub fn annotation(drift: &[Drift]) -> String {
     let mut stale = drift.iter().filter_map(|d| match &d.held {
         Held::Current => None,
         Held::Lost { .. } => Some(format!("{} {} → none", d.task, d.was)),
+        Held::Replaced { address, pod, .. } if *address == d.was => {
+            Some(format!("{} {} → {address} (new pod {pod})", d.task, d.was))
+        }
         Held::Replaced { address, .. } => Some(format!("{} {} → {address}", d.task, d.was)),
     });
     let Some(first) = stale.next() else {
@@ -310,8 +315,7 @@ pub fn current(peers: &[Peer], drift: &[Drift]) -> (Cluster, Vec<String>) {
 
 /// A follower's side: where each resolved task stands in the resolver's latest
 /// resolution. A task the resolution lists as lost is lost; one held there by the same
-/// pod, or by another pod at the same host (a DNS name follows its pod), is current;
-/// one held by another pod at another host is replaced.
+/// pod is current; one held by another pod is replaced, at whatever host.
 pub fn against_published(resolved: &[Resolved], published: &Resolution) -> Vec<Drift> {
     resolved
         .iter()
@@ -325,7 +329,6 @@ pub fn against_published(resolved: &[Resolved], published: &Resolution) -> Vec<D
                     why: "the resolver's cluster has no such task".into(),
                 },
                 Some(p) if p.uid == r.uid => Held::Current,
-                Some(p) if super::address::host(&p.address) == r.host() => Held::Current,
                 Some(p) => Held::Replaced {
                     pod: p.name.clone(),
                     uid: p.uid.clone(),
@@ -370,6 +373,13 @@ pub fn event(d: &Drift) -> Option<(&'static str, String)> {
                 d.task, d.was
             ),
         )),
+        Held::Replaced { pod, address, .. } if *address == d.was => Some((
+            "PeerReplaced",
+            format!(
+                "task {} ({}) is held by a new pod, {pod}, at the same address; the cluster this pod was given is stale",
+                d.task, d.was
+            ),
+        )),
         Held::Replaced { pod, address, .. } => Some((
             "PeerReplaced",
             format!(
@@ -409,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replacement_at_a_new_ip_is_stale_and_the_old_ip_back_is_current() {
+    fn a_replacement_at_a_new_ip_is_stale_and_so_is_one_at_the_old_ip() {
         let r = [resolved(0, "10.0.0.6"), resolved(1, "10.0.0.7")];
         let original = live("w-0-aaaa", "uid-0", "job/w/0", Some("10.0.0.6"), "Running");
         let all = [
@@ -462,9 +472,12 @@ mod tests {
                 "uid-1b".to_string()
             )])
         );
-        // The old address returns.
+        // The old address returns: still another pod, still stale.
         let back = live("w-1-bbbb", "uid-1b", "job/w/1", Some("10.0.0.7"), "Running");
-        assert_eq!(annotation(&assess(&r, &[original, back])), "current");
+        assert_eq!(
+            annotation(&assess(&r, &[original, back])),
+            "stale: worker/1 10.0.0.7 → 10.0.0.7 (new pod w-1-bbbb)"
+        );
     }
 
     #[test]
@@ -514,12 +527,52 @@ mod tests {
             )),
             "stale: worker/0 10.0.0.6 → 10.0.0.30"
         );
+        // A DNS name follows the pod: the task stays at its name, held by a new pod.
         r.address = "mnist-0.mnist.ml.svc.cluster.local:8470".into();
-        assert_eq!(annotation(&assess(&[r], &[new])), "current");
+        assert_eq!(
+            annotation(&assess(&[r], &[new])),
+            "stale: worker/0 mnist-0.mnist.ml.svc.cluster.local → mnist-0.mnist.ml.svc.cluster.local (new pod mnist-0)"
+        );
         let mut v6 = resolved(1, "[fd00::7]");
         v6.address = "[fd00::7]:8470".into();
         let at = live("w-1-bbbb", "uid-1b", "job/w/1", Some("fd00::7"), "Running");
-        assert_eq!(annotation(&assess(&[v6], &[at])), "current");
+        assert_eq!(
+            annotation(&assess(&[v6], &[at])),
+            "stale: worker/1 fd00::7 → fd00::7 (new pod w-1-bbbb)"
+        );
+    }
+
+    /// hostNetwork: a pod replaced on the same node keeps the node's IP, yet every
+    /// rank's communicator broke with the pod it replaced. A replacement is a new UID,
+    /// whatever its address; it moves the files nowhere, and names the new pod.
+    #[test]
+    fn a_replacement_at_the_same_address_is_a_replacement() {
+        let r = resolved(1, "10.0.0.7");
+        let same = live("w-1-bbbb", "uid-1b", "job/w/1", Some("10.0.0.7"), "Running");
+        let d = assess(std::slice::from_ref(&r), std::slice::from_ref(&same));
+        assert_eq!(
+            d[0].held,
+            Held::Replaced {
+                pod: "w-1-bbbb".into(),
+                uid: "uid-1b".into(),
+                address: "10.0.0.7".into(),
+                node: Some("n2".into()),
+            }
+        );
+        assert_eq!(
+            annotation(&d),
+            "stale: worker/1 10.0.0.7 → 10.0.0.7 (new pod w-1-bbbb)"
+        );
+        assert_eq!(
+            event(&d[0]).unwrap().1,
+            "task worker/1 (10.0.0.7) is held by a new pod, w-1-bbbb, at the same address; the cluster this pod was given is stale"
+        );
+        let m = moves(&d).unwrap();
+        assert_eq!(m[0].1.from, m[0].1.to);
+        assert_eq!((m[0].2.as_str(), m[0].3.as_str()), ("w-1-bbbb", "uid-1b"));
+        // The resolved pod itself, still at its address: current.
+        let own = live("w-1-aaaa", "uid-1", "job/w/1", Some("10.0.0.7"), "Running");
+        assert_eq!(assess(&[r], &[own])[0].held, Held::Current);
     }
 
     #[test]
@@ -630,8 +683,8 @@ mod tests {
         let mut moved = peer("worker", 1, "10.0.0.19");
         moved.uid = "uid-1b".into();
         moved.name = "w-1-bbbb".into();
-        // Task 2: another pod at the same address is the same host (a DNS name, or an
-        // IP handed out again).
+        // Task 2: another pod at the same address (a DNS name, a hostNetwork pod on the
+        // same node) is a replacement all the same.
         let mut same_host = peer("worker", 2, "10.0.0.8");
         same_host.uid = "uid-2b".into();
         c.tasks.insert(
@@ -651,9 +704,9 @@ mod tests {
         let d = against_published(&r, &published);
         assert_eq!(
             annotation(&d),
-            "stale: worker/1 10.0.0.7 → 10.0.0.19; worker/3 10.0.0.9 → none"
+            "stale: worker/1 10.0.0.7 → 10.0.0.19; worker/2 10.0.0.8 → 10.0.0.8 (new pod worker-2-aaaa); worker/3 10.0.0.9 → none"
         );
-        assert_eq!(d[1].held, Held::Current);
+        assert!(matches!(d[1].held, Held::Replaced { .. }), "{:?}", d[1]);
         assert_eq!(
             event(&d[2]).unwrap().1,
             "task worker/3 (10.0.0.9) has no live pod: the resolver pod sees no live pod for it; the cluster this pod was given is stale"

@@ -9,8 +9,11 @@
 //! CMD's status. With `--on-peer-change restart` it also keeps init's flags: after a
 //! peer change, the init workflow runs again (wait, resolve, write) before CMD does.
 
+use std::cell::Cell;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::SystemTime;
 
 use crate::cli::args::ExecArgs;
 use crate::cli::values::PeerChange;
@@ -19,6 +22,7 @@ use crate::render::frameworks::{self, envfile};
 use crate::render::{self, CLUSTER_FILE, ENV_FILE, TF_CONFIG_FILE, TfConfig};
 use crate::report::engine;
 use crate::supervise::child::SpawnError;
+use crate::supervise::launcher::{self, Verdict};
 use crate::supervise::lifecycle::{self, Respawn, Resume};
 use crate::supervise::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::{Exit, Failure, bootstrap};
@@ -33,16 +37,16 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // Every flag is checked before the wait for peers: a typo in a report flag must not
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
     let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
+    // exec's private directory, for the files of CMD's that no volume holds: made when
+    // one needs it, removed when exec ends (dropped on return).
+    let mut private = None;
     // The heartbeat file CMD may touch: in the observation volume, which both CMD's
-    // container and exec write, else in a private directory of exec's own, removed
-    // when exec ends (`_private` is dropped on return).
-    let (heartbeat, _private) = match report.progress.as_ref().map(|_| {
-        heartbeat_file(args.report_args.observations.as_deref())
+    // container and exec write, else in the private directory.
+    let heartbeat = report.progress.as_ref().and_then(|_| {
+        heartbeat_file(args.report_args.observations.as_deref(), &mut private)
             .map_err(|e| warn!("no heartbeat file for the command: {e}"))
-    }) {
-        Some(Ok((file, dir))) => (Some(file), dir),
-        _ => (None, None),
-    };
+            .ok()
+    });
     if let Some(p) = report.progress.as_mut() {
         p.heartbeat = heartbeat.clone();
     }
@@ -72,8 +76,30 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     };
     let cmd = with_heartbeat(command(&args.command, env, &dir));
     if let Some(cfg) = report {
+        // Where CMD (torchrun, a worker's `@record`) writes its root cause: the user's
+        // TORCHELASTIC_ERROR_FILE, else a file of exec's own.
+        let error_file = error_file(&mut private);
+        let with_error_file = {
+            let error_file = error_file.clone();
+            move |mut cmd: std::process::Command| {
+                if let Some((path, ours)) = &error_file
+                    && *ours
+                {
+                    cmd.env(launcher::ERROR_FILE_ENV, path);
+                }
+                cmd
+            }
+        };
+        let cmd = with_error_file(cmd);
+        // When CMD last started: an error file from before is a previous run's.
+        let started = Rc::new(Cell::new(SystemTime::now()));
         let argv = args.command.clone();
         let dir = dir.clone();
+        let restarted = started.clone();
+        let with_heartbeat = move |cmd: std::process::Command| {
+            restarted.set(SystemTime::now());
+            with_error_file(with_heartbeat(cmd))
+        };
         let respawn: Respawn = Box::new(move |resume| {
             let init_cfg = match resume {
                 Resume::PeerChange { after } => init_cfg.clone().map(|mut c| {
@@ -111,10 +137,30 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
                 engine::exec_reporter(cfg, cmd, &program, ports).await?;
             lifecycle::run(&mut reporter, &mut signals, &program, respawn).await
         })?;
-        if let Some(why) = ended.reason(&program) {
+        // A launcher's exit 1: what its root cause says (exec's own reasons, a peer
+        // change or a stall, stand as they are).
+        let (code, why) = match ended.reason(&program) {
+            Some(how) if ended.why.is_none() => {
+                let cause = error_file
+                    .as_ref()
+                    .and_then(|(p, _)| launcher::read_root_cause(p, started.get()));
+                let verdict = launcher::classify(
+                    launcher::launcher(&args.command),
+                    ended.code,
+                    cause.as_ref(),
+                );
+                let why = launcher::reason(&how, cause.as_ref(), verdict);
+                if verdict != Verdict::PassOn || cause.is_some() {
+                    warn!("{why}");
+                }
+                (verdict.code(ended.code), Some(why))
+            }
+            why => (ended.code, why),
+        };
+        if let Some(why) = why {
             crate::termination::record(&why);
         }
-        return Ok(Exit::Child(ended.code));
+        return Ok(Exit::Child(code));
     }
     let mut cmd = cmd;
     // Only returns on failure.
@@ -153,27 +199,18 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
 }
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and
-/// returns its path, with the private directory that holds it when there is no
-/// observation volume: a new one of random name and mode 0700 in $TMPDIR, removed when
-/// the returned guard is dropped. A name anyone can predict could be taken first, by a
-/// directory or a symlink leading exec to truncate another file.
+/// returns its path: in the observation volume, else in exec's private directory.
 fn heartbeat_file(
     observations: Option<&Path>,
-) -> std::io::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
-    use std::os::unix::fs::PermissionsExt;
-    let (dir, private) = match observations {
-        Some(d) => (d.to_path_buf(), None),
-        None => {
-            let private = tempfile::Builder::new()
-                .prefix("trainlet-")
-                .permissions(std::fs::Permissions::from_mode(0o700))
-                .tempdir()?;
-            (private.path().to_path_buf(), Some(private))
-        }
+    private: &mut Option<tempfile::TempDir>,
+) -> std::io::Result<PathBuf> {
+    let dir = match observations {
+        Some(d) => d.to_path_buf(),
+        None => private_dir(private)?,
     };
     let path = dir.join(HEARTBEAT_FILE);
     create_regular(&path)?;
-    Ok((path, private))
+    Ok(path)
 }
 
 /// Creates `path`, or opens it as it is (a heartbeat from an earlier exec keeps its
@@ -196,6 +233,41 @@ fn create_regular(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A directory of this exec's own, for files CMD writes to it.
+/// A new one of random name and mode 0700 in $TMPDIR, made on first use and removed
+/// when `private` is dropped. A name anyone can predict (`trainlet-<pid>`, once) could
+/// be taken first, by a directory or a symlink leading exec to truncate another file,
+/// and it stayed behind.
+fn private_dir(private: &mut Option<tempfile::TempDir>) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match private.take() {
+        Some(d) => d,
+        None => tempfile::Builder::new()
+            .prefix("trainlet-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()?,
+    };
+    let path = dir.path().to_path_buf();
+    *private = Some(dir);
+    Ok(path)
+}
+
+/// The error file torch's elastic launcher and `@record` write the root cause to:
+/// `TORCHELASTIC_ERROR_FILE` if the user set it (`false`: exec leaves it as it is),
+/// else one in exec's private directory (`true`: exec sets it for CMD).
+fn error_file(private: &mut Option<tempfile::TempDir>) -> Option<(PathBuf, bool)> {
+    if let Some(p) = std::env::var_os(launcher::ERROR_FILE_ENV).filter(|p| !p.is_empty()) {
+        return Some((PathBuf::from(p), false));
+    }
+    match private_dir(private) {
+        Ok(d) => Some((d.join(launcher::ERROR_FILE), true)),
+        Err(e) => {
+            warn!("no {} for the command: {e}", launcher::ERROR_FILE_ENV);
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{PermissionsExt, symlink};
@@ -212,11 +284,17 @@ mod tests {
         let old = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
         std::fs::create_dir_all(&old).unwrap();
         symlink(&victim, old.join(HEARTBEAT_FILE)).unwrap();
-        let made = heartbeat_file(None);
+        let mut private = None;
+        let made = heartbeat_file(None, &mut private);
         std::fs::remove_dir_all(&old).unwrap();
-        let (path, dir) = made.unwrap();
+        let path = made.unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        let dir = dir.unwrap();
+        // The error file for torch's launcher shares the directory.
+        assert_eq!(
+            error_file(&mut private),
+            Some((path.with_file_name(launcher::ERROR_FILE), true))
+        );
+        let dir = private.unwrap();
         assert_eq!(path, dir.path().join(HEARTBEAT_FILE));
         assert_eq!(dir.path().parent(), Some(std::env::temp_dir().as_path()));
         assert_ne!(dir.path(), old);
@@ -238,7 +316,8 @@ mod tests {
         std::fs::write(&victim, "precious").unwrap();
         let beat = obs.path().join(HEARTBEAT_FILE);
         symlink(&victim, &beat).unwrap();
-        let e = heartbeat_file(Some(obs.path())).unwrap_err();
+        let mut private = None;
+        let e = heartbeat_file(Some(obs.path()), &mut private).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
@@ -249,11 +328,11 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         std::fs::remove_file(&beat).unwrap();
         nix::unistd::mkfifo(&beat, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        assert!(heartbeat_file(Some(obs.path())).is_err());
+        assert!(heartbeat_file(Some(obs.path()), &mut private).is_err());
         std::fs::remove_file(&beat).unwrap();
         std::fs::write(&beat, "beat").unwrap();
-        let (path, dir) = heartbeat_file(Some(obs.path())).unwrap();
-        assert_eq!((path, dir.is_none()), (beat.clone(), true));
+        let path = heartbeat_file(Some(obs.path()), &mut private).unwrap();
+        assert_eq!((path, private.is_none()), (beat.clone(), true));
         assert_eq!(std::fs::read_to_string(&beat).unwrap(), "beat");
     }
 }

@@ -14,8 +14,11 @@
 //!   manifests/rbac.yaml, and Prometheus scrape annotations;
 //! - with --wrap, `trainlet exec --report --` in front of that container's command.
 //!
-//! Inject is idempotent: what it owns is found again by name and replaced, and a
-//! document that comes out unchanged is written back byte for byte. Other kinds and
+//! Inject is idempotent: what it owns is found again by its shape (never by its name
+//! alone; a user's object under one of trainlet's names is refused or kept, see
+//! docs/inject.md) and replaced, and a document that comes out unchanged is written
+//! back byte for byte. A second inject with other flags applies them and notes what
+//! of the first it drops. Other kinds and
 //! unknown fields pass through. The pure transformation is in [`transform`], the YAML
 //! layer (and why it is not a serde round trip) in [`yaml`]; this module is the I/O.
 

@@ -25,6 +25,12 @@ pub fn is_quantity(s: &str) -> bool {
     number_ok && s.len() <= 32
 }
 
+/// The number of a memory size given in millibytes (`128m`, which the API server
+/// takes for 0.128 bytes): someone meant `128Mi`.
+pub fn millibytes(s: &str) -> Option<&str> {
+    s.strip_suffix('m').filter(|_| is_quantity(s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_quantity;

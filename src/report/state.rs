@@ -435,7 +435,7 @@ fn held_key(h: &Held) -> String {
     match h {
         Held::Current => "current".into(),
         Held::Lost { .. } => "lost".into(),
-        Held::Replaced { address, .. } => format!("replaced {address}"),
+        Held::Replaced { uid, address, .. } => format!("replaced {uid} {address}"),
     }
 }
 

@@ -5,6 +5,7 @@
 //! publishes; what happens to CMD is decided here.
 
 pub mod child;
+pub mod launcher;
 pub mod lifecycle;
 pub mod output;
 pub mod policy;

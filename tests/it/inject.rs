@@ -143,7 +143,7 @@ fn wrap_without_an_explicit_command_exits_2_and_says_why() {
 
 #[test]
 fn usage_errors_exit_2_before_reading_input() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         // The bounds of exec's own check, before they are written into a template.
         (
             &[
@@ -159,6 +159,17 @@ fn usage_errors_exit_2_before_reading_input() {
         (
             &["--job", "w=a=b", "--wrap", "train", "--stall-after", "1ms"],
             "invalid --stall-after \"1ms\": use at least 1s, e.g. 10m",
+        ),
+        (
+            &[
+                "--job",
+                "w=a=b",
+                "--wrap",
+                "train",
+                "--restart-grace",
+                "18446744073709551615s",
+            ],
+            "invalid --restart-grace \"18446744073709551615s\": use at most 365d (a year), e.g. 30s, 10m or 1h",
         ),
         (
             &["-f", "/nonexistent/job.yaml", "--job", "w=a=b"],
@@ -235,34 +246,8 @@ async fn the_api_server_accepts_injected_deployment_cronjob_and_list() {
         let input = std::fs::read_to_string(fixture(file)).unwrap();
         let injected = inject_stdin(&args, &input);
         assert_eq!(injected.code, 0, "{}", injected.stderr);
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .args([
-                "apply",
-                "--dry-run=server",
-                "-n",
-                &ns,
-                "-o",
-                "json",
-                "-f",
-                "-",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(without_custom_resources(&injected.stdout).as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{file} {extra:?}: {stderr}");
-        let applied: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let applied = server_dry_run(&ns, &without_custom_resources(&injected.stdout))
+            .unwrap_or_else(|e| panic!("{file} {extra:?}: {e}"));
         if file == "deployment.yaml" {
             // What the API server received: kubectl's YAML 1.1 meanings, unchanged by
             // inject (octal 0644 is 420; the quoted "on" stays a string).
@@ -288,6 +273,156 @@ async fn the_api_server_accepts_injected_deployment_cronjob_and_list() {
             assert_eq!(init, want);
         }
     }
+}
+
+/// What the API server makes of `yaml` in `ns` (`kubectl apply --dry-run=server`), or
+/// why it refuses it.
+fn server_dry_run(ns: &str, yaml: &str) -> Result<serde_json::Value, String> {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args([
+            "apply",
+            "--dry-run=server",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// A Job whose training container has its own things where trainlet puts its own: a
+/// config mounted at /etc/trainlet, a /dev/shm/ (trailing slash), a POD_NAME and a
+/// `trainlet exec` with flags. At the default --output-dir inject refuses it (exit 2,
+/// nothing on stdout), as the API server would refuse the pod; with another
+/// --output-dir the API server accepts the Job, and the user's things are all there;
+/// what the API server returns is injected again as inject's own.
+#[tokio::test]
+async fn the_api_server_accepts_inject_beside_the_users_own_objects() {
+    let client = admin().await;
+    let ns = namespace(&client, "inject-own").await;
+    apply_rbac(&ns);
+    let job = "\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: own
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: train
+          image: registry.example.com/train:1
+          command: [trainlet, exec, --on-peer-change=restart, --stall-after=30m, --, python, train.py]
+          env: [{name: POD_NAME, value: worker}]
+          volumeMounts:
+            - {name: config, mountPath: /etc/trainlet}
+            - {name: shm, mountPath: /dev/shm/}
+      volumes:
+        - name: config
+          configMap: {name: settings}
+        - name: shm
+          emptyDir: {medium: Memory}
+";
+    let mut args = vec![
+        "--job",
+        "worker=batch.kubernetes.io/job-name=own",
+        "--wrap",
+        "train",
+        "--shm-size",
+        "1Gi",
+    ];
+    let refused = inject_stdin(&args, job);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert_eq!(refused.stdout, "");
+    assert_eq!(
+        refused.error_line(),
+        "stdin: batch/v1 Job \"own\" (document 1): container \"train\" mounts volume \"config\" at /etc/trainlet, where inject mounts trainlet's files (--output-dir): give inject another --output-dir, e.g. /run/trainlet, or mount yours elsewhere"
+    );
+    args.extend(["--output-dir", "/run/trainlet"]);
+    let injected = inject_stdin(&args, job);
+    assert_eq!(injected.code, 0, "{}", injected.stderr);
+    let applied = server_dry_run(&ns, &injected.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let train = &applied["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        train["command"],
+        serde_json::json!([
+            "trainlet",
+            "exec",
+            "--on-peer-change=restart",
+            "--stall-after=30m",
+            "--report",
+            "--",
+            "python",
+            "train.py"
+        ])
+    );
+    let mounts: Vec<(&str, &str)> = train["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap(),
+                m["mountPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("config", "/etc/trainlet"),
+            ("shm", "/dev/shm/"),
+            ("trainlet", "/run/trainlet"),
+            ("trainlet-observed", "/run/trainlet-observed"),
+        ]
+    );
+    assert_eq!(
+        train["env"][0],
+        serde_json::json!({"name": "POD_NAME", "value": "worker"})
+    );
+    // What the API server sends back is inject's own where it was: injected again, it
+    // keeps the same containers, volumes and command.
+    let again = inject_stdin(&args, &applied.to_string());
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let reapplied = {
+        use trainlet::inject::yaml;
+        yaml::to_json(&yaml::parse(&yaml::split_documents(&again.stdout)[0]).unwrap()[0])
+    };
+    for key in ["initContainers", "containers", "volumes"] {
+        let names = |v: &serde_json::Value| -> Vec<String> {
+            v["spec"]["template"]["spec"][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names(&reapplied), names(&applied), "{key}");
+    }
+    assert_eq!(
+        reapplied["spec"]["template"]["spec"]["containers"][0]["command"],
+        train["command"]
+    );
 }
 
 /// The stream without the fixture's Volcano Job, whose CRD this API server lacks.

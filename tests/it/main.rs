@@ -46,6 +46,7 @@ mod guard;
 mod init;
 mod init_faults;
 mod inject;
+mod launcher;
 mod lifecycle;
 mod monitoring;
 mod node_examples;

@@ -3,13 +3,13 @@
 
 use std::path::Path;
 
-use super::super::args::{ClusterArgs, InjectArgs, OutputArgs, StallArgs};
+use super::super::args::{ClusterArgs, InjectArgs, OutputArgs};
 use super::super::defaults;
-use super::super::values::{Flag, Framework, PeerChange};
+use super::super::values::{Flag, Framework};
 use super::{cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
 use crate::flags;
-use crate::inject::quantity::is_quantity;
+use crate::inject::quantity::{is_quantity, millibytes};
 use crate::inject::{InjectConfig, Resources};
 
 /// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
@@ -55,13 +55,50 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             a.on_peer_change.name()
         )));
     }
-    let resources = resources(&a.resources)?;
-    if let Some(size) = &a.shm_size
-        && !is_quantity(size)
+    let permanent_exit_codes = a
+        .permanent_exit_codes
+        .as_deref()
+        .map(permanent_exit_codes)
+        .transpose()?;
+    if permanent_exit_codes.is_some() && !a.failure_policy {
+        return Err(Failure::usage(format!(
+            "--{} replaces the codes of the podFailurePolicy that --{} adds; pass --{}",
+            flags::PERMANENT_EXIT_CODES,
+            flags::FAILURE_POLICY,
+            flags::FAILURE_POLICY
+        )));
+    }
+    parse_duration(flags::RESTART_GRACE, &a.restart_grace)?;
+    if a.wrap.is_none()
+        && let Some(flag) = [
+            (
+                a.max_restarts != defaults::MAX_RESTARTS,
+                flags::MAX_RESTARTS,
+            ),
+            (
+                a.restart_grace.trim() != defaults::RESTART_GRACE,
+                flags::RESTART_GRACE,
+            ),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
     {
         return Err(Failure::usage(format!(
-            "invalid --shm-size {size:?}: give a size such as 8Gi or 512Mi"
+            "--{flag} acts on the command of the container that --wrap names; pass --wrap CONTAINER"
         )));
+    }
+    let resources = resources(&a.resources)?;
+    if let Some(size) = &a.shm_size {
+        if let Some(n) = millibytes(size) {
+            return Err(Failure::usage(format!(
+                "invalid --shm-size {size:?}: {size} is {n} millibytes; write {n}Mi"
+            )));
+        }
+        if !is_quantity(size) {
+            return Err(Failure::usage(format!(
+                "invalid --shm-size {size:?}: give a size such as 8Gi or 512Mi"
+            )));
+        }
     }
     let output_dir = path_str(flags::OUTPUT_DIR, &a.output.output_dir)?;
     if !a.output.output_dir.is_absolute() || output_dir == "/" {
@@ -114,22 +151,33 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         install_to,
         classic_sidecar: a.classic_sidecar,
         failure_policy: a.failure_policy,
+        permanent_exit_codes,
         wrap: a.wrap.clone(),
         service_account: a.service_account.clone(),
-        exec_args: exec_flags(a.on_peer_change, &a.stall),
+        exec_args: exec_flags(a),
         resources,
         shm_size: a.shm_size.clone(),
     })
 }
 
 /// The flags of the wrapped container's `trainlet exec`: `--report`, and those that
-/// differ from their defaults.
-fn exec_flags(on_peer_change: PeerChange, stall: &StallArgs) -> Vec<String> {
+/// differ from their defaults, in the order of `inject::transform::EXEC_FLAGS`.
+fn exec_flags(a: &InjectArgs) -> Vec<String> {
+    let stall = &a.stall;
     let mut args = vec![flags::long(flags::REPORT)];
-    if on_peer_change != defaults::ON_PEER_CHANGE {
+    if a.on_peer_change != defaults::ON_PEER_CHANGE {
         args.push(flags::with_value(
             flags::ON_PEER_CHANGE,
-            on_peer_change.name(),
+            a.on_peer_change.name(),
+        ));
+    }
+    if a.max_restarts != defaults::MAX_RESTARTS {
+        args.push(flags::with_value(flags::MAX_RESTARTS, a.max_restarts));
+    }
+    if a.restart_grace.trim() != defaults::RESTART_GRACE {
+        args.push(flags::with_value(
+            flags::RESTART_GRACE,
+            a.restart_grace.trim(),
         ));
     }
     if let Some(d) = &stall.stall_after {
@@ -142,6 +190,34 @@ fn exec_flags(on_peer_change: PeerChange, stall: &StallArgs) -> Vec<String> {
         args.push(flags::with_value(flags::PROGRESS_PATTERN, p));
     }
     args
+}
+
+/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255, sorted and each once, as
+/// Kubernetes wants a rule's `onExitCodes.values` (so at most 255 of them). 0 is
+/// success, which Kubernetes refuses in an `In` rule.
+fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
+    let bad = |why: String| {
+        Failure::usage(format!(
+            "invalid --{} {spec:?}: {why}",
+            flags::PERMANENT_EXIT_CODES
+        ))
+    };
+    let mut codes = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.parse::<i32>() {
+            Ok(0) => return Err(bad("0 is success, never a failure".to_string())),
+            Ok(c @ 1..=255) => codes.push(c),
+            _ => {
+                return Err(bad(format!("{part:?} is not an exit code from 1 to 255")));
+            }
+        }
+    }
+    if codes.is_empty() {
+        return Err(bad("give one exit code or more, e.g. 2,126,127".to_string()));
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    Ok(codes)
 }
 
 /// `--resources cpu=Q,memory=Q`: either may be left out, keeping its default.
@@ -158,6 +234,13 @@ fn resources(spec: &str) -> Result<Resources, Failure> {
         .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
     {
         let (key, value) = (key.trim(), value.trim());
+        if key == "memory"
+            && let Some(n) = millibytes(value)
+        {
+            return Err(bad(format!(
+                "memory={value} is {n} millibytes; write memory={n}Mi"
+            )));
+        }
         if !is_quantity(value) {
             return Err(bad(format!(
                 "{key}={value:?} is not a quantity such as 250m or 128Mi"

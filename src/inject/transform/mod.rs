@@ -6,12 +6,15 @@ use std::fmt;
 use super::yaml::{self, Chunk, Node};
 pub use parts::METRICS_PORT_NAME;
 
+mod own;
 mod parts;
 mod policy;
 mod template;
+mod wrapper;
 
-/// Names that mark what inject owns in a pod template: finding them again is what makes
-/// a second inject replace rather than add.
+/// The names of what inject adds to a pod template. A second inject replaces what it
+/// finds under them only where the shape is inject's too (`own`); a user's object
+/// under one of them is refused.
 pub const INIT_CONTAINER: &str = "trainlet-init";
 pub const SIDECAR: &str = "trainlet";
 pub const VOLUME: &str = "trainlet";
@@ -34,6 +37,17 @@ const TOKEN_SECONDS: i64 = 3607;
 pub const BINARY: &str = "/usr/local/bin/trainlet";
 /// The UID of distroless `nonroot`, which the image runs as.
 pub const UID: i64 = 65532;
+/// The flags inject writes into the wrapped container's `trainlet exec` after
+/// `--report`, as `--flag=value`, in this order: how a wrapper an earlier inject wrote
+/// is told from the user's own.
+pub const EXEC_FLAGS: [&str; 6] = [
+    crate::flags::ON_PEER_CHANGE,
+    crate::flags::MAX_RESTARTS,
+    crate::flags::RESTART_GRACE,
+    crate::flags::STALL_AFTER,
+    crate::flags::ON_STALL,
+    crate::flags::PROGRESS_PATTERN,
+];
 
 /// What to inject, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +77,11 @@ pub struct InjectConfig {
     pub metrics_port: u16,
     /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
     pub failure_policy: bool,
-    /// The flags of the wrapped container's `trainlet exec`, from `--report` on.
+    /// The training container's permanent exit codes (`--permanent-exit-codes`);
+    /// `None`: trainlet's (`crate::exit::CMD_PERMANENT`).
+    pub permanent_exit_codes: Option<Vec<i32>>,
+    /// The flags of the wrapped container's `trainlet exec`: `--report`, then those of
+    /// [`EXEC_FLAGS`] given, in that order.
     pub exec_args: Vec<String>,
     /// CPU and memory of trainlet's containers, requests and limits alike.
     pub resources: Resources,

@@ -199,7 +199,8 @@ pub(super) fn init_container(cfg: &InjectConfig) -> Node {
 /// port name has at most 15 characters).
 pub const METRICS_PORT_NAME: &str = "trainlet";
 
-pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
+/// The arguments of `trainlet sidecar`.
+pub(super) fn sidecar_args(cfg: &InjectConfig) -> Vec<String> {
     let mut args = cfg.sidecar_args.clone();
     if cfg.wrap.is_some() {
         // One reporter per pod: the sidecar publishes what the wrapped exec observes.
@@ -211,6 +212,11 @@ pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
     if cfg.classic_sidecar {
         args.push(flags::long(flags::EXIT_WITH_MAIN));
     }
+    args
+}
+
+pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
+    let args = sidecar_args(cfg);
     let mut c = trainlet_container(cfg, SIDECAR, flags::SIDECAR, &args);
     // Named, so that a Prometheus Operator PodMonitor (which ignores prometheus.io/*
     // annotations) can select it: manifests/monitoring/podmonitor.yaml.

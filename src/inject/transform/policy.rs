@@ -7,7 +7,8 @@ use crate::flags;
 impl Ctx<'_> {
     /// `--failure-policy`: the Job fails at once on a permanent exit code of
     /// trainlet-init or of the training container, ignores disruptions, and counts the
-    /// rest against backoffLimit (`crate::exit::INIT_PERMANENT`, `CMD_PERMANENT`).
+    /// rest against backoffLimit (`crate::exit::INIT_PERMANENT`, `CMD_PERMANENT` or
+    /// `--permanent-exit-codes`; see [`permanent_codes`]).
     pub(super) fn failure_policy(
         &mut self,
         job_spec: &mut Node,
@@ -50,16 +51,50 @@ impl Ctx<'_> {
                 pod.set("restartPolicy", Node::str("Never"));
             }
         }
-        let ours = pod_failure_policy(&training);
+        // The command of a container that runs a launcher itself; one that --wrap names
+        // runs under `trainlet exec`, which tells the launcher's exits apart.
+        let argv = match (&self.cfg.wrap, pod.get("containers")) {
+            (None, Some(Node::Seq(cs))) => cs
+                .iter()
+                .find(|c| name_of(c) == Some(training.as_str()))
+                .map(argv_of),
+            _ => None,
+        };
+        let codes = permanent_codes(self.cfg.permanent_exit_codes.as_deref(), argv.as_deref());
+        if self.cfg.permanent_exit_codes.is_none() && codes != crate::exit::CMD_PERMANENT {
+            self.note(
+                what.to_string(),
+                format!(
+                    "--{}: container {training:?} runs {}, a launcher that exits 1 for any worker's failure, transient ones too: its exit 1 is counted, not permanent (--wrap {training} tells them apart)",
+                    flags::FAILURE_POLICY,
+                    argv.as_deref().and_then(<[String]>::first).map_or("", String::as_str)
+                ),
+            );
+        }
+        let ours = pod_failure_policy(&training, &codes);
         let Some(Node::Seq(our_rules)) = ours.get("rules").cloned() else {
             unreachable!("pod_failure_policy has rules")
         };
+        // trainlet's rules with its default codes, from an inject before
+        // --permanent-exit-codes: replaced, not kept as the user's.
+        let default_rules: Vec<Node> = [None, Some(LAUNCHER_PROBE)]
+            .into_iter()
+            .map(|probe| {
+                let argv = probe.map(|p| vec![p.to_string()]);
+                pod_failure_policy(&training, &permanent_codes(None, argv.as_deref()))
+            })
+            .filter_map(|p| match p.get("rules") {
+                Some(Node::Seq(rules)) => Some(rules.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
         let user_rules: Vec<Node> = match job_spec.get("podFailurePolicy") {
             None => Vec::new(),
             Some(p) => match p.get("rules") {
                 Some(Node::Seq(rules)) => rules
                     .iter()
-                    .filter(|r| !our_rules.contains(r))
+                    .filter(|r| !our_rules.contains(r) && !default_rules.contains(r))
                     .cloned()
                     .collect(),
                 _ => {
@@ -105,9 +140,43 @@ impl Ctx<'_> {
 /// k8s.io/kubernetes `pkg/apis/batch/validation`).
 pub(super) const MAX_FAILURE_RULES: usize = 20;
 
-/// The rules of `--failure-policy`, from `crate::exit`'s permanent codes.
-pub(super) fn pod_failure_policy(training: &str) -> Node {
-    let codes = |v: &[i32]| Node::seq(v.iter().map(|c| Node::int(i64::from(*c))));
+/// A container's command line: its `command`, then its `args`.
+fn argv_of(container: &Node) -> Vec<String> {
+    ["command", "args"]
+        .iter()
+        .filter_map(|k| match container.get(k) {
+            Some(Node::Seq(items)) => Some(items),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The training container's permanent codes: the user's (`--permanent-exit-codes`),
+/// else `crate::exit::CMD_PERMANENT`, without 1 when the container runs a launcher
+/// itself (`argv`, not under `trainlet exec`, which tells a launcher's exit 1 apart).
+pub(super) fn permanent_codes(explicit: Option<&[i32]>, argv: Option<&[String]>) -> Vec<i32> {
+    if let Some(codes) = explicit {
+        return codes.to_vec();
+    }
+    let launcher = argv
+        .and_then(crate::supervise::launcher::launcher)
+        .is_some();
+    crate::exit::CMD_PERMANENT
+        .iter()
+        .copied()
+        .filter(|c| !(launcher && *c == 1))
+        .collect()
+}
+
+/// A command line that is a launcher, for the rules an earlier inject wrote for one.
+const LAUNCHER_PROBE: &str = "torchrun";
+
+/// The rules of `--failure-policy`: trainlet-init's permanent codes
+/// (`crate::exit::INIT_PERMANENT`) and the training container's `codes`.
+pub(super) fn pod_failure_policy(training: &str, codes: &[i32]) -> Node {
+    let seq = |v: &[i32]| Node::seq(v.iter().map(|c| Node::int(i64::from(*c))));
     let fail_on = |container: &str, values: &[i32]| {
         Node::map([
             ("action", Node::str("FailJob")),
@@ -116,7 +185,7 @@ pub(super) fn pod_failure_policy(training: &str) -> Node {
                 Node::map([
                     ("containerName", Node::str(container)),
                     ("operator", Node::str("In")),
-                    ("values", codes(values)),
+                    ("values", seq(values)),
                 ]),
             ),
         ])
@@ -136,7 +205,38 @@ pub(super) fn pod_failure_policy(training: &str) -> Node {
                 ),
             ]),
             fail_on(INIT_CONTAINER, &crate::exit::INIT_PERMANENT),
-            fail_on(training, &crate::exit::CMD_PERMANENT),
+            fail_on(training, codes),
         ]),
     )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_launchers_exit_1_is_not_permanent_unless_the_user_says_so() {
+        assert_eq!(permanent_codes(None, None), [1, 2, 126, 127, 128, 139]);
+        let python = argv("python train.py");
+        assert_eq!(
+            permanent_codes(None, Some(&python)),
+            [1, 2, 126, 127, 128, 139]
+        );
+        let torchrun = argv("torchrun --nproc-per-node 8 train.py");
+        assert_eq!(
+            permanent_codes(None, Some(&torchrun)),
+            [2, 126, 127, 128, 139]
+        );
+        // Under trainlet exec, which maps a launcher's transient exit 1 to 9.
+        let wrapped = argv("/etc/trainlet/bin/trainlet exec --report -- torchrun train.py");
+        assert_eq!(
+            permanent_codes(None, Some(&wrapped)),
+            [1, 2, 126, 127, 128, 139]
+        );
+        assert_eq!(permanent_codes(Some(&[1, 42]), Some(&torchrun)), [1, 42]);
+    }
 }

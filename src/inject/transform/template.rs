@@ -1,21 +1,28 @@
 //! A pod template: the names inject owns, its volumes, init containers, sidecar and
 //! the training container's mounts, env and (with --wrap) command.
 
+use super::own::{
+    Earlier, alias_env, dropped_flags, is_injected_container, is_injected_volume, normal_path,
+    same_env,
+};
 use super::parts::{
     downward_env, init_container, mount, mount_of, observed_volume, plain, shm_volume, sidecar,
     token_volume, volume,
 };
+use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
-    BINARY, Ctx, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_PATH, SHM_VOLUME, SIDECAR,
-    TOKEN_VOLUME, TransformError, VOLUME, yaml,
+    Ctx, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_PATH, SHM_VOLUME, SIDECAR, TOKEN_VOLUME,
+    TransformError, VOLUME, yaml,
 };
 use crate::flags;
 
 impl Ctx<'_> {
     /// Refuses a pod template whose containers or volumes already use one of the
-    /// names inject adds, unless inject added them: replacing the user's own would
-    /// lose it without a word.
-    pub(super) fn foreign_names(&self, spec: &Node, what: &str) -> Result<(), TransformError> {
+    /// names inject adds, unless inject added them (by their shape, never by the name
+    /// alone): replacing the user's own would lose it without a word. Refuses a
+    /// container that mounts something of its own where inject mounts trainlet's
+    /// volumes: the API server rejects two mounts at one path.
+    pub(super) fn refuse_collisions(&self, spec: &Node, what: &str) -> Result<(), TransformError> {
         for list in ["initContainers", "containers"] {
             let Some(Node::Seq(items)) = spec.get(list) else {
                 continue;
@@ -41,10 +48,49 @@ impl Ctx<'_> {
                     return Err(self.shape(
                         what,
                         format!(
-                            "has a volume {name:?} that trainlet inject did not add; inject adds its own under that name: rename yours"
+                            "has a volume {name:?} that trainlet inject did not add; inject adds its own under that name: rename yours (and the volumeMounts that use it)"
                         ),
                     ));
                 }
+            }
+        }
+        let Some(Node::Seq(containers)) = spec.get("containers") else {
+            return Ok(());
+        };
+        for c in containers.iter().filter(|c| !is_injected_container(c)) {
+            let name = name_of(c).unwrap_or_default();
+            let Some(Node::Seq(mounts)) = c.get("volumeMounts") else {
+                continue;
+            };
+            for m in mounts {
+                let volume = name_of(m).unwrap_or_default();
+                if [VOLUME, OBSERVED_VOLUME].contains(&volume) {
+                    continue;
+                }
+                let Some(path) = m.get("mountPath").and_then(Node::as_str) else {
+                    continue;
+                };
+                let path = normal_path(path);
+                let fix = if path == self.cfg.output_dir {
+                    format!(
+                        "where inject mounts trainlet's files (--{}): give inject another --{}, e.g. /run/trainlet, or mount yours elsewhere",
+                        flags::OUTPUT_DIR,
+                        flags::OUTPUT_DIR
+                    )
+                } else if self.cfg.wrap.as_deref() == Some(name)
+                    && path == self.cfg.observations_dir
+                {
+                    format!(
+                        "where inject mounts the wrapped command's handover to the sidecar (--{}): mount yours elsewhere",
+                        flags::WRAP
+                    )
+                } else {
+                    continue;
+                };
+                return Err(self.shape(
+                    what,
+                    format!("container {name:?} mounts volume {volume:?} at {path}, {fix}"),
+                ));
             }
         }
         Ok(())
@@ -68,7 +114,9 @@ impl Ctx<'_> {
         let Some(spec) = t.map_entry("spec") else {
             return Err(self.shape(what, "spec is not a mapping"));
         };
-        self.foreign_names(spec, what)?;
+        self.refuse_collisions(spec, what)?;
+        let earlier = Earlier::of(spec);
+        let mut dropped: Vec<String> = Vec::new();
         // New keys go before `containers`, where people expect them to be.
         insert_before(
             spec,
@@ -110,8 +158,9 @@ impl Ctx<'_> {
             .seq_entry("volumes")
             .ok_or_else(|| self.shape(what, "spec.volumes is not a list"))?;
         upsert_named(volumes, volume(), VOLUME, None);
-        if cfg.wrap.is_some() {
-            upsert_named(volumes, observed_volume(), OBSERVED_VOLUME, None);
+        match cfg.wrap {
+            Some(_) => upsert_named(volumes, observed_volume(), OBSERVED_VOLUME, None),
+            None => volumes.retain(|v| name_of(v) != Some(OBSERVED_VOLUME)),
         }
         upsert_named(volumes, token_volume(), TOKEN_VOLUME, None);
         match &cfg.shm_size {
@@ -146,8 +195,10 @@ impl Ctx<'_> {
                     OBSERVED_VOLUME,
                     None,
                 );
-                self.wrap(c, what, &name)?;
+                self.wrap(c, what, &name, &mut dropped)?;
                 *self.wrapped += 1;
+            } else if unwrap_earlier(c) {
+                dropped.push(flags::with_value(flags::WRAP, &name));
             }
         }
         if cfg.classic_sidecar {
@@ -162,6 +213,23 @@ impl Ctx<'_> {
         if !cfg.classic_sidecar {
             inits.insert(1, sidecar(cfg));
         }
+        dropped.extend(earlier.dropped(cfg));
+        let mut seen = Vec::new();
+        dropped.retain(|d| {
+            let new = !seen.contains(d);
+            seen.push(d.clone());
+            new
+        });
+        if !dropped.is_empty() {
+            let it = if dropped.len() == 1 { "it" } else { "them" };
+            self.note(
+                what.to_string(),
+                format!(
+                    "drops {} of an earlier inject: not in this one's flags, so the default applies; pass {it} again to keep {it}",
+                    dropped.join(" ")
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -174,7 +242,7 @@ impl Ctx<'_> {
             return;
         };
         let own = mounts.iter().find(|m| {
-            m.get("mountPath").and_then(Node::as_str) == Some(SHM_PATH)
+            m.get("mountPath").and_then(Node::as_str).map(normal_path) == Some(SHM_PATH)
                 && name_of(m) != Some(SHM_VOLUME)
         });
         if let Some(own) = own {
@@ -196,20 +264,18 @@ impl Ctx<'_> {
     }
 
     /// `command: [trainlet exec --report -- <command>]`, `args` unchanged, so the
-    /// container runs exactly what it ran before, under trainlet.
+    /// container runs exactly what it ran before, under trainlet. A command an earlier
+    /// inject wrapped is unwrapped first (its exec flags give way to this inject's, and
+    /// those it drops land in `dropped`); the user's own `trainlet exec` is kept with
+    /// its flags.
     pub(super) fn wrap(
         &mut self,
         c: &mut Node,
         what: &str,
         name: &str,
+        dropped: &mut Vec<String>,
     ) -> Result<(), TransformError> {
         let cfg = self.cfg;
-        let exe = format!("{}/trainlet", cfg.install_to);
-        let prefix: Vec<&str> = [exe.as_str(), flags::EXEC]
-            .into_iter()
-            .chain(cfg.exec_args.iter().map(String::as_str))
-            .chain(["--"])
-            .collect();
         let command: Vec<String> = match c.get("command") {
             None => Vec::new(),
             Some(n) if n.is_null() => Vec::new(),
@@ -236,29 +302,76 @@ impl Ctx<'_> {
                 container: name.to_string(),
             });
         }
-        // Already wrapped by an earlier inject (maybe with another --install-to or other
-        // exec flags): unwrap first, so that injecting again never wraps twice.
-        let original = unwrapped(&command);
-        let wrapped: Vec<Node> = prefix
-            .iter()
-            .map(|s| Node::str(*s))
-            .chain(original.iter().map(Node::str))
-            .collect();
-        c.set("command", Node::Seq(wrapped));
+        let wrapped = match Wrapper::of(&command) {
+            Wrapper::Own { flags, original } => {
+                dropped.extend(dropped_flags(flags, &cfg.exec_args));
+                own_wrapper(cfg, original)
+            }
+            Wrapper::Users {
+                exe,
+                flags,
+                original,
+            } => {
+                let (kept, added, ignored) = users_flags(flags, &cfg.exec_args);
+                let mut text = format!(
+                    "keeps container {name:?}'s own `trainlet exec` and its flags{}",
+                    if added.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", adding {}", added.join(" "))
+                    }
+                );
+                if !ignored.is_empty() {
+                    text.push_str(&format!(
+                        "; its own {} stay{} over this inject's",
+                        ignored.join(" "),
+                        if ignored.len() == 1 { "s" } else { "" }
+                    ));
+                }
+                self.note(what.to_string(), text);
+                [exe.to_string(), flags::EXEC.to_string()]
+                    .into_iter()
+                    .chain(kept)
+                    .chain(["--".to_string()])
+                    .chain(original.iter().cloned())
+                    .collect()
+            }
+            Wrapper::None => own_wrapper(cfg, &command),
+        };
+        c.set(
+            "command",
+            Node::Seq(wrapped.iter().map(Node::str).collect()),
+        );
         let env = c
             .seq_entry("env")
             .ok_or_else(|| self.shape(what, format!("env of container {name:?} is not a list")))?;
-        for e in downward_env() {
-            upsert_named(env, e.clone(), name_of(&e).unwrap_or_default(), None);
-        }
         // Settings of `trainlet exec` that inject owns: removed and added again, so
         // their order and values never depend on an earlier inject.
-        env.retain(|e| {
-            !matches!(
-                name_of(e),
-                Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR" | "TRAINLET_OBSERVATIONS")
-            )
-        });
+        env.retain(|e| !is_exec_env(e));
+        let (mut kept, mut aliases) = (Vec::new(), Vec::new());
+        for e in downward_env() {
+            let env_name = name_of(&e).unwrap_or_default().to_string();
+            match env.iter_mut().find(|u| name_of(u) == Some(&env_name)) {
+                None => env.push(e),
+                Some(u) if same_env(u, &e) => *u = e,
+                // The user's own: kept, and trainlet exec reads the pod's from its
+                // TRAINLET_ variable, which wins over the plain one.
+                Some(_) => match alias_env(&env_name) {
+                    Some((alias, node)) => {
+                        kept.push(format!("{env_name} (its trainlet exec reads {alias})"));
+                        aliases.push(node);
+                    }
+                    None => kept.push(env_name),
+                },
+            }
+        }
+        env.extend(aliases);
+        if !kept.is_empty() {
+            self.note(
+                what.to_string(),
+                format!("keeps container {name:?}'s own {}", kept.join(", ")),
+            );
+        }
         for (name, value) in &cfg.wrap_env {
             env.push(Node::map([
                 ("name", Node::str(name)),
@@ -271,50 +384,6 @@ impl Ctx<'_> {
             ("value", Node::str(&cfg.observations_dir)),
         ]));
         Ok(())
-    }
-}
-
-/// A container inject added: it runs trainlet's `init` or `sidecar`.
-pub(super) fn is_injected_container(c: &Node) -> bool {
-    match c.get("command") {
-        Some(Node::Seq(cmd)) => {
-            cmd.first().and_then(Node::as_str) == Some(BINARY)
-                && matches!(cmd.get(1).and_then(Node::as_str), Some("init" | "sidecar"))
-        }
-        _ => false,
-    }
-}
-
-/// A volume inject added, by its kind: trainlet's files and the handover are
-/// emptyDirs, the token a projected ServiceAccount token.
-pub(super) fn is_injected_volume(name: &str, v: &Node) -> bool {
-    match name {
-        TOKEN_VOLUME => v
-            .get("projected")
-            .and_then(|p| p.get("sources"))
-            .is_some_and(|s| match s {
-                Node::Seq(items) => items.iter().any(|i| i.get("serviceAccountToken").is_some()),
-                _ => false,
-            }),
-        _ => v.get("emptyDir").is_some(),
-    }
-}
-
-/// The command an earlier inject wrapped: `<dir>/trainlet exec <flags> -- CMD...` gives
-/// CMD; any other command is itself.
-pub(super) fn unwrapped(command: &[String]) -> &[String] {
-    match command {
-        [exe, exec, rest @ ..] if exe.ends_with("/trainlet") && exec == flags::EXEC => {
-            let Some(end) = rest.iter().position(|a| a == "--") else {
-                return command;
-            };
-            let (exec_flags, original) = (&rest[..end], &rest[end + 1..]);
-            if original.is_empty() || !exec_flags.iter().all(|f| f.starts_with("--")) {
-                return command;
-            }
-            original
-        }
-        _ => command,
     }
 }
 
