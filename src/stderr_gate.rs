@@ -1,7 +1,7 @@
 //! The stderr that `trainlet exec` shares with CMD: exec's own log lines are written
 //! between CMD's lines, never inside one.
 //!
-//! exec passes CMD's stderr through chunk by chunk as it comes ([`crate::supervise::output`]),
+//! exec passes CMD's stderr through chunk by chunk as it comes (supervise/output.rs),
 //! and a chunk may end in the middle of a line (`trainer: error:` now, the rest a moment
 //! later). A log line of exec's written then would land inside CMD's line, in
 //! `kubectl logs` and in every log collector that splits at newlines. So every write to

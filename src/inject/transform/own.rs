@@ -3,10 +3,10 @@
 //! earlier inject set that this one does not.
 
 use super::InjectConfig;
+use super::parts::name_of;
 use super::parts::{
     downward_env, observed_volume, resources, shm_volume, sidecar_args, token_volume, volume,
 };
-use super::template::name_of;
 use super::{
     BINARY, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_VOLUME, SIDECAR, TOKEN_VOLUME, VOLUME, yaml,
 };

@@ -243,3 +243,8 @@ pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
     }
     c
 }
+
+/// The `name` of a container, volume or env entry.
+pub(super) fn name_of(n: &Node) -> Option<&str> {
+    n.get("name").and_then(Node::as_str)
+}

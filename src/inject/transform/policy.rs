@@ -1,6 +1,6 @@
 //! `--failure-policy`: trainlet's podFailurePolicy rules, merged after the user's own.
 
-use super::template::name_of;
+use super::parts::name_of;
 use super::{Ctx, INIT_CONTAINER, Node, SIDECAR, TransformError, descend};
 use crate::flags;
 

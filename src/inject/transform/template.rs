@@ -5,6 +5,7 @@ use super::own::{
     Earlier, alias_env, dropped_flags, is_injected_container, is_injected_volume, normal_path,
     same_env,
 };
+use super::parts::name_of;
 use super::parts::{
     downward_env, init_container, mount, mount_of, observed_volume, plain, shm_volume, sidecar,
     token_volume, volume,
@@ -398,10 +399,6 @@ pub(super) fn insert_before(map: &mut Node, key: &str, before: &str, value: Node
         .position(|(k, _)| k.text == before)
         .unwrap_or(entries.len());
     entries.insert(at, (yaml::Scalar::string(key), value));
-}
-
-pub(super) fn name_of(n: &Node) -> Option<&str> {
-    n.get("name").and_then(Node::as_str)
 }
 
 /// Replaces the item named `name` in place, or appends (or inserts at `at`).

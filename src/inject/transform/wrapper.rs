@@ -2,7 +2,7 @@
 //! which a later inject replaces, and the user's, which it keeps.
 
 use super::own::{flag_name, is_alias_env};
-use super::template::name_of;
+use super::parts::name_of;
 use super::{EXEC_FLAGS, InjectConfig, Node, OBSERVED_VOLUME};
 use crate::flags;
 
