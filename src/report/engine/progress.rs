@@ -323,6 +323,8 @@ impl Engine {
         if let Some(w) = self.progress.as_mut() {
             w.started = now;
             w.acted = known;
+            // A touch by the CMD that was stopped is no progress of this run.
+            w.beat = Heartbeat::new(w.heartbeat.as_deref().and_then(mtime));
             if let Some(s) = w.stall.as_mut() {
                 s.restart(now);
             }
