@@ -70,6 +70,8 @@ pub mod stream;
 pub mod supervise;
 /// The container's termination message (`/dev/termination-log`).
 pub mod termination;
+/// Wall-clock times as RFC 3339 text and epoch milliseconds, total: never a panic.
+pub mod wallclock;
 /// Waking on a file's change (inotify).
 pub mod watch;
 

@@ -68,7 +68,7 @@ pub(super) fn write_outputs(
     if let Some(to) = &cfg.install_to {
         install_binary(to)?;
     }
-    let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+    let now = crate::wallclock::rfc3339_millis(SystemTime::now());
     let meta = render::ClusterMeta {
         rpc_layer: cfg.cluster.rpc_layer.clone(),
         selectors: cfg

@@ -371,9 +371,9 @@ pub struct ExecArgs {
 /// The stall watch of `exec` (and `inject`, which writes them into exec's command).
 #[derive(Debug, Clone, Args)]
 pub struct StallArgs {
-    /// Call CMD stalled after this long without progress (e.g. 10m): without a new line
-    /// of output (or a line --progress-pattern matches), and without a touch of the file
-    /// $TRAINLET_HEARTBEAT names. Off unless given. A CMD that made progress and then
+    /// Call CMD stalled after this long without progress (e.g. 10m; at least 1s): without
+    /// a new line of output (or a line --progress-pattern matches), and without a touch of
+    /// the file $TRAINLET_HEARTBEAT names. Off unless given. A CMD that made progress and then
     /// none for this long is stalled; one that has shown none since it started is only
     /// silent (the ranks of DDP, torchrun or DeepSpeed that never print, MPI's sshd),
     /// unless no pod of the job made progress for this long: then rank 0's pod says

@@ -68,7 +68,8 @@ pub struct Cli {
 fn after_help() -> String {
     format!(
         "Every flag can also be set by an environment variable TRAINLET_<FLAG>, for example \
-         --log-format as TRAINLET_LOG_FORMAT.\n\n{}",
+         --log-format as TRAINLET_LOG_FORMAT. A DURATION is e.g. 500ms, 30s, 10m or 1h 30m, \
+         at most 365d.\n\n{}",
         crate::exit::summary()
     )
 }

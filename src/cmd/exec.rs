@@ -37,10 +37,13 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // Every flag is checked before the wait for peers: a typo in a report flag must not
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
     let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
+    // exec's private directory, for the files of CMD's that no volume holds: made when
+    // one needs it, removed when exec ends (dropped on return).
+    let mut private = None;
     // The heartbeat file CMD may touch: in the observation volume, which both CMD's
-    // container and exec write, else in a directory of exec's own.
+    // container and exec write, else in the private directory.
     let heartbeat = report.progress.as_ref().and_then(|_| {
-        heartbeat_file(args.report_args.observations.as_deref())
+        heartbeat_file(args.report_args.observations.as_deref(), &mut private)
             .map_err(|e| warn!("no heartbeat file for the command: {e}"))
             .ok()
     });
@@ -75,7 +78,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     if let Some(cfg) = report {
         // Where CMD (torchrun, a worker's `@record`) writes its root cause: the user's
         // TORCHELASTIC_ERROR_FILE, else a file of exec's own.
-        let error_file = error_file();
+        let error_file = error_file(&mut private);
         let with_error_file = {
             let error_file = error_file.clone();
             move |mut cmd: std::process::Command| {
@@ -196,36 +199,140 @@ fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::proc
 }
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and
-/// returns its path.
-fn heartbeat_file(observations: Option<&Path>) -> std::io::Result<PathBuf> {
+/// returns its path: in the observation volume, else in exec's private directory.
+fn heartbeat_file(
+    observations: Option<&Path>,
+    private: &mut Option<tempfile::TempDir>,
+) -> std::io::Result<PathBuf> {
     let dir = match observations {
         Some(d) => d.to_path_buf(),
-        None => private_dir()?,
+        None => private_dir(private)?,
     };
     let path = dir.join(HEARTBEAT_FILE);
-    std::fs::File::create(&path)?;
+    create_regular(&path)?;
     Ok(path)
 }
 
+/// Creates `path`, or opens it as it is (a heartbeat from an earlier exec keeps its
+/// contents): never through a symlink, never blocking on a FIFO, and only a regular
+/// file will do.
+fn create_regular(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// A directory of this exec's own, for files CMD writes to it.
-fn private_dir() -> std::io::Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
+/// A new one of random name and mode 0700 in $TMPDIR, made on first use and removed
+/// when `private` is dropped. A name anyone can predict (`trainlet-<pid>`, once) could
+/// be taken first, by a directory or a symlink leading exec to truncate another file,
+/// and it stayed behind.
+fn private_dir(private: &mut Option<tempfile::TempDir>) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match private.take() {
+        Some(d) => d,
+        None => tempfile::Builder::new()
+            .prefix("trainlet-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()?,
+    };
+    let path = dir.path().to_path_buf();
+    *private = Some(dir);
+    Ok(path)
 }
 
 /// The error file torch's elastic launcher and `@record` write the root cause to:
 /// `TORCHELASTIC_ERROR_FILE` if the user set it (`false`: exec leaves it as it is),
 /// else one in exec's private directory (`true`: exec sets it for CMD).
-fn error_file() -> Option<(PathBuf, bool)> {
+fn error_file(private: &mut Option<tempfile::TempDir>) -> Option<(PathBuf, bool)> {
     if let Some(p) = std::env::var_os(launcher::ERROR_FILE_ENV).filter(|p| !p.is_empty()) {
         return Some((PathBuf::from(p), false));
     }
-    match private_dir() {
+    match private_dir(private) {
         Ok(d) => Some((d.join(launcher::ERROR_FILE), true)),
         Err(e) => {
             warn!("no {} for the command: {e}", launcher::ERROR_FILE_ENV);
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    use super::*;
+
+    /// exec once made `$TMPDIR/trainlet-<pid>/heartbeat`, following a symlink planted
+    /// there: its victim was truncated to 0 bytes, and the directory stayed.
+    #[test]
+    fn a_symlink_planted_at_the_old_predictable_path_truncates_nothing() {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let old = std::env::temp_dir().join(format!("trainlet-{}", std::process::id()));
+        std::fs::create_dir_all(&old).unwrap();
+        symlink(&victim, old.join(HEARTBEAT_FILE)).unwrap();
+        let mut private = None;
+        let made = heartbeat_file(None, &mut private);
+        std::fs::remove_dir_all(&old).unwrap();
+        let path = made.unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        // The error file for torch's launcher shares the directory.
+        assert_eq!(
+            error_file(&mut private),
+            Some((path.with_file_name(launcher::ERROR_FILE), true))
+        );
+        let dir = private.unwrap();
+        assert_eq!(path, dir.path().join(HEARTBEAT_FILE));
+        assert_eq!(dir.path().parent(), Some(std::env::temp_dir().as_path()));
+        assert_ne!(dir.path(), old);
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+        let kept = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!kept.exists());
+    }
+
+    /// In the observation volume, which CMD's container writes too: an existing
+    /// heartbeat is kept as it is; a symlink or a FIFO there is refused, not followed.
+    #[test]
+    fn in_the_observation_volume_a_symlink_or_fifo_is_refused() {
+        let obs = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let beat = obs.path().join(HEARTBEAT_FILE);
+        symlink(&victim, &beat).unwrap();
+        let mut private = None;
+        let e = heartbeat_file(Some(obs.path()), &mut private).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: Too many levels of symbolic links (os error 40)",
+                beat.display()
+            )
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_file(&beat).unwrap();
+        nix::unistd::mkfifo(&beat, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(heartbeat_file(Some(obs.path()), &mut private).is_err());
+        std::fs::remove_file(&beat).unwrap();
+        std::fs::write(&beat, "beat").unwrap();
+        let path = heartbeat_file(Some(obs.path()), &mut private).unwrap();
+        assert_eq!((path, private.is_none()), (beat.clone(), true));
+        assert_eq!(std::fs::read_to_string(&beat).unwrap(), "beat");
     }
 }

@@ -2,11 +2,12 @@
 //! (`trainlet exec --stall-after`), and what its peers read from it: whether it is
 //! stalled, and since when, so that every pod restarts once for one stall.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
 use crate::handover::observation::ProgressObservation;
+use crate::wallclock;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
 /// [`PUBLISH_EVERY`] while nothing else changes), the step, and whether CMD is stalled
@@ -57,8 +58,7 @@ pub fn annotation(
     stall_after: Option<Duration>,
     relayed: &[PeerStall],
 ) -> Annotation {
-    let rfc =
-        |t_ms: u64| crate::report::probe::oom::rfc3339(UNIX_EPOCH + Duration::from_millis(t_ms));
+    let rfc = |t_ms: u64| wallclock::rfc3339_seconds(wallclock::from_ms(t_ms));
     let every = stall_after.map_or(PUBLISH_EVERY, |d| (d / 2).min(PUBLISH_EVERY));
     let fresh = Annotation {
         at: o.at_ms.map(rfc),
@@ -66,9 +66,7 @@ pub fn annotation(
         stalled: o.stalled,
         silent: o.silent,
         // To the millisecond: peers compare it with when their CMD last started.
-        since: o
-            .since_ms
-            .map(|t| millis(UNIX_EPOCH + Duration::from_millis(t))),
+        since: o.since_ms.map(|t| millis(wallclock::from_ms(t))),
         stalls: o.stalls,
         relayed: relayed
             .iter()
@@ -164,19 +162,20 @@ pub fn to_act_on<'a>(
 }
 
 /// RFC 3339 to the millisecond: peers compare a stall's start with when their CMD last
-/// started.
+/// started. Clamped to 1970..9999 ([`wallclock`]), never a panic.
 fn millis(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    wallclock::rfc3339_millis(t)
 }
 
-/// Milliseconds since the epoch (0 before it).
+/// Milliseconds since the epoch (0 before it, at most the end of 9999).
 pub fn epoch_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    wallclock::to_ms(t)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     fn obs(at_s: Option<u64>, stalled: bool, stalls: u64) -> ProgressObservation {
@@ -292,6 +291,22 @@ mod tests {
             [stall("w-0", 1_000, true), stall("w-7", 1_000, true)]
         );
         assert_eq!(stalls_in("w-0", "not json"), []);
+    }
+
+    /// A progress time past year 9999 (a heartbeat's mtime, once) is written as the end
+    /// of 9999, not a panic of the reporter.
+    #[test]
+    fn times_past_year_9999_are_published_as_its_end() {
+        let year_10000_ms = 253_402_300_800_000;
+        let o = ProgressObservation {
+            at_ms: Some(year_10000_ms),
+            since_ms: Some(u64::MAX),
+            ..obs(None, true, 1)
+        };
+        assert_eq!(
+            serde_json::to_string(&annotation(&o, None, None, &[])).unwrap(),
+            r#"{"at":"9999-12-31T23:59:59Z","step":3.0,"stalled":true,"since":"9999-12-31T23:59:59.999Z","stalls":1}"#
+        );
     }
 
     fn stall(pod: &str, since_s: u64, ongoing: bool) -> PeerStall {

@@ -44,7 +44,7 @@ pub struct PodRow {
     /// `current`, `stale: …`, or empty where no peer watch runs.
     pub cluster: String,
     /// The containers' restarts plus those of CMD under `trainlet exec`.
-    pub restarts: u32,
+    pub restarts: u64,
     /// The newest OOM kill in the report: `python (pid 812) in trainer at 12:03:04Z`.
     pub last_oom: String,
     /// CMD's last progress under `trainlet exec --stall-after`: `step 42 at 12:03:04Z`,
@@ -151,7 +151,8 @@ pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
     };
     let status = pod.status.as_ref();
     let report: Value = serde_json::from_str(annotation(keys::REPORT)).unwrap_or(Value::Null);
-    let container_restarts: u32 = status
+    // Counts from the API and from the published report: added without wrapping.
+    let container_restarts = status
         .into_iter()
         .flat_map(|s| {
             s.container_statuses
@@ -159,8 +160,8 @@ pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
                 .flatten()
                 .chain(s.init_container_statuses.iter().flatten())
         })
-        .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
-        .sum();
+        .map(|c| u64::try_from(c.restart_count).unwrap_or(0))
+        .fold(0u64, u64::saturating_add);
     let exec_restarts = report["exec"]["restarts"].as_u64().unwrap_or(0);
     let mut reasons: Vec<String> = report["reasons"]
         .as_array()
@@ -182,8 +183,7 @@ pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
         reasons,
         gpus: cell(&gpus(&report)),
         cluster: cell(annotation(keys::CLUSTER)),
-        restarts: container_restarts
-            .saturating_add(u32::try_from(exec_restarts).unwrap_or(u32::MAX)),
+        restarts: container_restarts.saturating_add(exec_restarts),
         last_oom: cell(&last_oom(&report, today)),
         progress: progress_value
             .as_ref()
@@ -269,7 +269,10 @@ fn last_oom(report: &Value, today: &str) -> String {
 /// is stalled.
 fn progress(p: &Value, today: &str) -> String {
     let clock = |k: &str| p[k].as_str().map(|t| clock(t, today));
-    let step = p["step"].as_f64().map(|s| format!("step {s}"));
+    let step = p["step"]
+        .as_f64()
+        .and_then(crate::supervise::progress::step)
+        .map(|s| format!("step {s}"));
     if p["stalled"] == true {
         let since = clock("since").unwrap_or_default();
         return match step {

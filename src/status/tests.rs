@@ -97,6 +97,36 @@ fn a_pod_row_takes_what_the_agents_published() {
     );
 }
 
+/// What another pod published is shown within bounds: restarts past 2^32 add up
+/// without wrapping, and a step that is no count (negative, 309 digits) is no step.
+#[test]
+fn restart_counts_do_not_wrap_and_odd_steps_are_not_shown() {
+    let p = pod(
+        "w-1",
+        "Running",
+        json!({
+            "trainlet.io/report": json!({"exec": {"epoch": "e", "restarts": u32::MAX}}).to_string(),
+            "trainlet.io/progress": r#"{"at":"2026-11-23T12:04:00Z","step":-5.0,"stalled":false,"stalls":0}"#
+        }),
+        json!({"status": {"containerStatuses": [
+            {"name": "trainer", "image": "x", "imageID": "", "ready": true, "restartCount": 1}
+        ]}}),
+    );
+    let r = row(&p, &[], "2026-11-23");
+    assert_eq!(r.restarts, 1 << 32);
+    assert_eq!(r.progress, "output at 12:04:00Z");
+    assert_eq!(
+        progress(
+            &serde_json::from_str(
+                r#"{"step":1e308,"stalled":true,"since":"2026-11-23T12:00:00.500Z"}"#
+            )
+            .unwrap(),
+            "2026-11-23"
+        ),
+        "stalled since 12:00:00Z"
+    );
+}
+
 #[test]
 fn rows_follow_the_tasks_in_natural_order_and_pods_without_a_task_come_last() {
     let pods = [

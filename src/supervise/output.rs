@@ -47,10 +47,10 @@ impl Watch {
         self.progress.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// The heartbeat file was touched at `mtime`.
-    pub fn heartbeat(&self, mtime: SystemTime) {
+    /// The heartbeat file changed, as exec saw at `now`.
+    pub fn heartbeat(&self, now: SystemTime) {
         if let Ok(mut p) = self.progress.lock() {
-            p.on_heartbeat(mtime);
+            p.on_heartbeat(now);
         }
     }
 }
@@ -277,12 +277,14 @@ fn read_exactly(pipe: &mut impl Read, mut buf: &mut [u8]) -> std::io::Result<()>
 fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
     let mut last: Option<String> = None;
     let mut step = None;
+    let mut stepped = false;
     scanner.feed_rev(chunk, |line| {
         let Some(s) = watch.pattern.progress(line) else {
             return false;
         };
         if last.is_none() {
             last = Some(super::progress::quote(line));
+            stepped = s.is_some();
         }
         step = s;
         step.is_some()
@@ -295,6 +297,7 @@ fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
         if step.is_some() {
             p.step = step;
         }
+        p.stepped = stepped;
         p.line = line;
     }
 }

@@ -117,9 +117,20 @@ impl Pattern {
             caps.get(1)
                 .and_then(|m| std::str::from_utf8(m.as_bytes()).ok())
                 .and_then(|s| s.trim().parse::<f64>().ok())
-                .filter(|n| n.is_finite()),
+                .and_then(step),
         )
     }
+}
+
+/// The largest step kept: 2^53, past which an `f64` no longer counts one by one. A
+/// larger number is no step count (a hash, a timestamp in ns), and would be shown
+/// with up to 309 digits.
+pub const MAX_STEP: f64 = 9_007_199_254_740_992.0;
+
+/// `n` as a step: a count, so a finite number from 0 to [`MAX_STEP`] (`-0` is 0);
+/// anything else (NaN, infinities, negative numbers, giants) is no step.
+pub fn step(n: f64) -> Option<f64> {
+    (n.is_finite() && (0.0..=MAX_STEP).contains(&n)).then_some(n + 0.0)
 }
 
 /// The last progress CMD made.
@@ -131,6 +142,8 @@ pub struct Progress {
     pub step: Option<f64>,
     /// The last line that was progress, at most [`MAX_QUOTE`] characters.
     pub line: String,
+    /// Whether `line` gave `step` (a matching line without a number does not).
+    pub stepped: bool,
 }
 
 impl Progress {
@@ -143,14 +156,42 @@ impl Progress {
         if step.is_some() {
             self.step = step;
         }
+        self.stepped = step.is_some();
         self.line = quote(line);
     }
 
-    /// The heartbeat file was touched at `mtime`.
-    pub fn on_heartbeat(&mut self, mtime: SystemTime) {
-        if self.at.is_none_or(|at| mtime > at) {
-            self.at = Some(mtime);
-        }
+    /// The heartbeat file changed ([`Heartbeat::changed`]), as exec saw at `now`: the
+    /// time of the progress is exec's, never the mtime CMD set.
+    pub fn on_heartbeat(&mut self, now: SystemTime) {
+        self.at = Some(now);
+    }
+}
+
+/// The heartbeat file's mtime as exec last saw it. CMD sets the mtime to whatever it
+/// likes (`touch`, or `os.utime` with its own clock: the past, the future, year
+/// 10000), so only a change of it, in either direction, is news, and it is progress at
+/// the moment exec sees it ([`Progress::on_heartbeat`]). Silence then never depends on
+/// the value CMD wrote.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Heartbeat {
+    seen: Option<SystemTime>,
+}
+
+impl Heartbeat {
+    /// From the file's mtime as exec created it, before CMD started (`None`: unread).
+    pub fn new(mtime: Option<SystemTime>) -> Heartbeat {
+        Heartbeat { seen: mtime }
+    }
+
+    /// Whether `mtime`, read now, differs from the last one seen: then CMD touched the
+    /// file since. A file that cannot be read (`None`) is no news, and no change.
+    pub fn changed(&mut self, mtime: Option<SystemTime>) -> bool {
+        let Some(mtime) = mtime else {
+            return false;
+        };
+        let changed = self.seen != Some(mtime);
+        self.seen = Some(mtime);
+        changed
     }
 }
 
@@ -321,13 +362,18 @@ pub fn stalled_note(
     cpu_percent: Option<f64>,
     gpu_percent: &[u32],
 ) -> String {
-    let mut note = format!(
-        "no progress for {}",
-        humantime::format_duration(Duration::from_secs(silent.as_secs()))
-    );
-    match (&progress.step, progress.line.is_empty()) {
-        (Some(step), false) => note.push_str(&format!("; last step {step} in {:?}", progress.line)),
-        (_, false) => note.push_str(&format!("; last output {:?}", progress.line)),
+    let mut note = format!("no progress for {}", for_people(silent));
+    match (progress.step, progress.line.is_empty()) {
+        (Some(step), false) if progress.stepped => {
+            note.push_str(&format!("; last step {step} in {:?}", progress.line));
+        }
+        (Some(step), false) => {
+            note.push_str(&format!(
+                "; last step {step}; last output {:?}",
+                progress.line
+            ));
+        }
+        (None, false) => note.push_str(&format!("; last output {:?}", progress.line)),
         (_, true) => note.push_str("; no progress output yet"),
     }
     if let Some(cpu) = cpu_percent {
@@ -338,6 +384,16 @@ pub fn stalled_note(
         note.push_str(&format!("; GPU utilization {}", each.join(" ")));
     }
     note
+}
+
+/// A duration as the notes say it: whole seconds (`5s`, `10m 3s`), or milliseconds
+/// under a second (`800ms`), never `0s` for a silence that was there.
+pub fn for_people(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    }
 }
 
 #[cfg(test)]

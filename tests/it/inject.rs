@@ -143,7 +143,34 @@ fn wrap_without_an_explicit_command_exits_2_and_says_why() {
 
 #[test]
 fn usage_errors_exit_2_before_reading_input() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 7] = [
+        // The bounds of exec's own check, before they are written into a template.
+        (
+            &[
+                "--job",
+                "w=a=b",
+                "--wrap",
+                "train",
+                "--stall-after",
+                "18446744073709551615s",
+            ],
+            "invalid --stall-after \"18446744073709551615s\": use at most 365d (a year), e.g. 30s, 10m or 1h",
+        ),
+        (
+            &["--job", "w=a=b", "--wrap", "train", "--stall-after", "1ms"],
+            "invalid --stall-after \"1ms\": use at least 1s, e.g. 10m",
+        ),
+        (
+            &[
+                "--job",
+                "w=a=b",
+                "--wrap",
+                "train",
+                "--restart-grace",
+                "18446744073709551615s",
+            ],
+            "invalid --restart-grace \"18446744073709551615s\": use at most 365d (a year), e.g. 30s, 10m or 1h",
+        ),
         (
             &["-f", "/nonexistent/job.yaml", "--job", "w=a=b"],
             "cannot read /nonexistent/job.yaml: No such file or directory (os error 2)",

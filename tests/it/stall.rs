@@ -596,3 +596,119 @@ fn execs_log_lines_land_between_cmds_lines() {
     // Logged while CMD was inside that line: written after it.
     assert!(warn > cmd, "{}", r.stderr);
 }
+
+/// [`exec_alone`] without its `--interval`, for the flags' own checks.
+fn local_exec(dir: &std::path::Path, flags: &[&str], cmd: &[&str]) -> std::process::Command {
+    write_tf_config(dir, free_port());
+    let mut c = trainlet();
+    c.args(["exec", "--metrics-addr", "off", "--output-dir"])
+        .arg(dir)
+        .args(flags)
+        .arg("--")
+        .args(cmd);
+    c
+}
+
+/// Durations near u64::MAX seconds passed validation and aborted exec with an overflow,
+/// leaving CMD without a parent; `--stall-after 1ms` was accepted. Each exits 2 with
+/// one line naming the flag, before CMD starts.
+#[test]
+fn absurd_durations_exit_2_before_cmd_starts() {
+    let max = "18446744073709551615s";
+    let at_most = |flag: &str| {
+        format!("invalid --{flag} \"{max}\": use at most 365d (a year), e.g. 30s, 10m or 1h")
+    };
+    for (flags, want) in [
+        (vec!["--stall-after", max], at_most("stall-after")),
+        (vec!["--interval", max], at_most("interval")),
+        (vec!["--restart-grace", max], at_most("restart-grace")),
+        (
+            vec!["--stall-after", "1ms"],
+            "invalid --stall-after \"1ms\": use at least 1s, e.g. 10m".to_string(),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("started");
+        let r = run(&mut local_exec(
+            dir.path(),
+            &flags,
+            &["touch", marker.to_str().unwrap()],
+        ));
+        assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+        assert_eq!(r.error_line(), want, "{flags:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{flags:?}: {}", r.stderr);
+        assert!(!marker.exists(), "{flags:?}: CMD started");
+    }
+}
+
+/// A heartbeat's mtime set into the future (a trainer's `os.utime` with its own
+/// numbers) turned the watch off: CMD silent for 4 s under `--stall-after 1s` exited
+/// 0; set to the year 10000 on a tmpfs volume it also crashed the reporter that wrote
+/// it. The change is progress once, when exec sees it; the silence after it is a stall.
+#[test]
+fn a_heartbeat_set_into_the_future_is_progress_once_then_silence_is_a_stall() {
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "the test needs a tmpfs at /dev/shm");
+    let observations = tempfile::tempdir_in(shm).unwrap();
+    let obs = observations.path().to_str().unwrap();
+    // The year 10000 in the observation volume (tmpfs); the year 2100 in the private
+    // directory of exec's own, without one.
+    for (flags, when) in [
+        (vec!["--observations", obs], "@253402300800"),
+        (vec![], "@4102444800"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("finished");
+        let script = format!(
+            "echo start; touch -d {when} \"$TRAINLET_HEARTBEAT\"; sleep 4; touch {}",
+            marker.display()
+        );
+        let mut all = vec!["--stall-after", "1s", "--on-stall", "exit"];
+        all.extend(&flags);
+        let r = run(&mut exec_alone(dir.path(), &all, &["sh", "-c", &script]));
+        assert_eq!(r.code, 8, "{flags:?}: {}", r.stderr);
+        assert!(!marker.exists(), "{flags:?}: CMD ran to its end");
+        assert!(
+            r.stderr
+                .contains("no progress for 1s; last output \"start\""),
+            "{flags:?}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("panicked"), "{flags:?}: {}", r.stderr);
+    }
+    // What exec handed over is an observation the sidecar takes, with a time of this
+    // century.
+    let text = std::fs::read(observations.path().join("exec.json")).unwrap();
+    let o = trainlet::handover::observation::parse(&text, "exec.json").unwrap();
+    let at = o.progress.unwrap().at_ms.unwrap();
+    let now = trainlet::wallclock::to_ms(std::time::SystemTime::now());
+    assert!(at <= now && now - at < 60_000, "at_ms {at}, now {now}");
+}
+
+/// Without `--observations` the heartbeat is in a new directory of random name and
+/// mode 0700 in $TMPDIR, removed when exec exits (it was `trainlet-<pid>`, predictable
+/// and never removed).
+#[test]
+fn the_private_heartbeat_directory_is_0700_and_removed_when_exec_exits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"echo "$TRAINLET_HEARTBEAT"; stat -c %a "$(dirname "$TRAINLET_HEARTBEAT")""#;
+    let r = run(
+        exec_alone(dir.path(), &["--stall-after", "1h"], &["sh", "-c", script])
+            .env("TMPDIR", tmp.path()),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    let beat = std::path::Path::new(lines[0]);
+    assert_eq!(beat.file_name().unwrap(), "heartbeat");
+    let private = beat.parent().unwrap();
+    assert_eq!(private.parent(), Some(tmp.path()));
+    let name = private.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("trainlet-") && name.len() > "trainlet-".len() + 4,
+        "{name}"
+    );
+    assert_eq!(lines[1], "700");
+    assert_eq!(list_dir(tmp.path()), Vec::<String>::new());
+}

@@ -28,22 +28,34 @@ pub use inject::inject_config;
 pub use report::{exec_report_config, progress_watch, report_config, sidecar_config};
 pub use status::status_target;
 
-/// Parses a duration such as `500ms`, `10s`, `10m` or `1h 30m`; a bare `0` is zero.
+/// The longest duration any flag takes: a year. A longer one is a slip of the
+/// keyboard, and one near `u64::MAX` seconds overflowed the clock arithmetic that
+/// waits for it, aborting exec and leaving CMD without its parent.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a duration such as `500ms`, `10s`, `10m` or `1h 30m`, at most
+/// [`MAX_DURATION`]; a bare `0` is zero.
 pub fn parse_duration(flag: &str, value: &str) -> Result<Duration, Failure> {
     let v = value.trim();
     if v == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(v).map_err(|e| {
-        let zero = if flag == flags::TIMEOUT {
-            "; 0 means no limit"
-        } else {
-            ""
-        };
+    let zero = if flag == flags::TIMEOUT {
+        "; 0 means no limit"
+    } else {
+        ""
+    };
+    let d = humantime::parse_duration(v).map_err(|e| {
         Failure::usage(format!(
             "invalid --{flag} {value:?}: {e} (use e.g. 30s, 10m or 1h{zero})"
         ))
-    })
+    })?;
+    if d > MAX_DURATION {
+        return Err(Failure::usage(format!(
+            "invalid --{flag} {value:?}: use at most 365d (a year), e.g. 30s, 10m or 1h{zero}"
+        )));
+    }
+    Ok(d)
 }
 
 /// `--log-level`, in tracing's EnvFilter syntax.
@@ -116,6 +128,34 @@ mod tests {
         );
     }
 
+    /// u64::MAX seconds passed once and overflowed exec's clock arithmetic.
+    #[test]
+    fn durations_past_a_year_are_refused_naming_the_flag() {
+        assert_eq!(
+            parse_duration(flags::STALL_AFTER, "365d").unwrap(),
+            MAX_DURATION
+        );
+        for (flag, value) in [
+            (flags::STALL_AFTER, "18446744073709551615s"),
+            (flags::INTERVAL, "18446744073709551615s"),
+            (flags::RESTART_GRACE, "18446744073709551615s"),
+            (flags::RESTART_BACKOFF, "366d"),
+        ] {
+            let e = parse_duration(flag, value).unwrap_err();
+            assert_eq!(e.code, Code::Usage);
+            assert_eq!(
+                e.message,
+                format!(
+                    "invalid --{flag} {value:?}: use at most 365d (a year), e.g. 30s, 10m or 1h"
+                )
+            );
+        }
+        assert_eq!(
+            parse_duration(flags::TIMEOUT, "400d").unwrap_err().message,
+            "invalid --timeout \"400d\": use at most 365d (a year), e.g. 30s, 10m or 1h; 0 means no limit"
+        );
+    }
+
     mod properties {
         use super::*;
         use crate::testing::budget;
@@ -133,10 +173,15 @@ mod tests {
                 }
             }
 
+            /// Exact up to a year; refused past it.
             #[test]
             fn durations_in_each_unit_are_exact(n in 1u64..100_000, unit in prop_oneof![Just(("ms", 1u64)), Just(("s", 1000)), Just(("m", 60_000)), Just(("h", 3_600_000))]) {
-                let d = parse_duration(flags::INTERVAL, &format!("{n}{}", unit.0)).unwrap();
-                prop_assert_eq!(d.as_millis(), u128::from(n * unit.1));
+                let d = parse_duration(flags::INTERVAL, &format!("{n}{}", unit.0));
+                if u128::from(n * unit.1) <= MAX_DURATION.as_millis() {
+                    prop_assert_eq!(d.unwrap().as_millis(), u128::from(n * unit.1));
+                } else {
+                    prop_assert_eq!(d.unwrap_err().code, Code::Usage);
+                }
             }
         }
     }

@@ -158,6 +158,10 @@ pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
     Ok(cfg)
 }
 
+/// The shortest `--stall-after`: a silence is seen every `--interval`, and one shorter
+/// than a second is no hang.
+pub const MIN_STALL_AFTER: Duration = Duration::from_secs(1);
+
 /// `--stall-after`, `--on-stall`, `--progress-pattern`: `None` when CMD's progress is
 /// not watched. `inject` checks them the same way before it writes them.
 pub fn progress_watch(a: &StallArgs) -> Result<Option<WatchConfig>, Failure> {
@@ -166,10 +170,11 @@ pub fn progress_watch(a: &StallArgs) -> Result<Option<WatchConfig>, Failure> {
         .as_deref()
         .map(|d| parse_duration(flags::STALL_AFTER, d))
         .transpose()?;
-    if stall_after.is_some_and(|d| d.is_zero()) {
+    if stall_after.is_some_and(|d| d < MIN_STALL_AFTER) {
         return Err(Failure::usage(format!(
-            "invalid --{} 0: give how long CMD may make no progress, e.g. 10m",
-            flags::STALL_AFTER
+            "invalid --{} {:?}: use at least 1s, e.g. 10m",
+            flags::STALL_AFTER,
+            a.stall_after.as_deref().unwrap_or_default()
         )));
     }
     if a.on_stall != defaults::ON_STALL && stall_after.is_none() {
@@ -216,6 +221,39 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "invalid --metrics-addr \"localhost\": use HOST:PORT such as 0.0.0.0:9464, or `off`"
+        );
+    }
+
+    /// `--stall-after 1ms` was accepted; u64::MAX seconds aborted exec. `inject` calls
+    /// the same check.
+    #[test]
+    fn stall_after_is_from_a_second_to_a_year() {
+        let watch = |d: &str| {
+            progress_watch(&StallArgs {
+                stall_after: Some(d.into()),
+                on_stall: defaults::ON_STALL,
+                progress_pattern: None,
+            })
+            .map(|w| w.and_then(|w| w.stall_after))
+            .map_err(|f| (f.code, f.message))
+        };
+        assert_eq!(watch("1s"), Ok(Some(Duration::from_secs(1))));
+        assert_eq!(watch("365d"), Ok(Some(super::super::MAX_DURATION)));
+        for d in ["1ms", "999ms", "0"] {
+            assert_eq!(
+                watch(d),
+                Err((
+                    crate::Code::Usage,
+                    format!("invalid --stall-after {d:?}: use at least 1s, e.g. 10m")
+                ))
+            );
+        }
+        assert_eq!(
+            watch("18446744073709551615s"),
+            Err((
+                crate::Code::Usage,
+                "invalid --stall-after \"18446744073709551615s\": use at most 365d (a year), e.g. 30s, 10m or 1h".into()
+            ))
         );
     }
 }

@@ -368,8 +368,19 @@ fn validate(o: &Observation) -> Result<(), String> {
     }
     if let Some(p) = &o.progress {
         text("progress.note", &p.note, MAX_TEXT)?;
-        if p.step.is_some_and(|s| !s.is_finite()) {
-            return Err("progress.step is not a finite number".into());
+        if p.step
+            .is_some_and(|s| crate::supervise::progress::step(s).is_none())
+        {
+            return Err("progress.step is not a step: a number from 0 to 2^53".into());
+        }
+        // Times RFC 3339 cannot write are no times exec hands over.
+        for (what, t) in [
+            ("progress.at_ms", p.at_ms),
+            ("progress.since_ms", p.since_ms),
+        ] {
+            if t.is_some_and(|t| t > crate::wallclock::MAX_MS) {
+                return Err(format!("{what} is past the year 9999"));
+            }
         }
     }
     Ok(())

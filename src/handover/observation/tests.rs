@@ -177,6 +177,37 @@ fn garbage_oversized_and_hostile_observations_are_rejected_with_a_reason() {
     );
 }
 
+/// The progress of a hostile or broken exec: a time past 9999 (once a heartbeat's
+/// mtime, which crashed the sidecar as it wrote it) and steps that are no count.
+#[test]
+fn progress_times_past_9999_and_steps_that_are_no_count_are_rejected() {
+    let bad = |f: &dyn Fn(&mut ProgressObservation)| {
+        let mut o = sample();
+        f(o.progress.as_mut().unwrap());
+        parse(&json(&o), "exec.json")
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let year_10000_ms = 253_402_300_800_000;
+    assert_eq!(
+        bad(&|p| p.at_ms = Some(year_10000_ms)),
+        Err("exec.json: progress.at_ms is past the year 9999".into())
+    );
+    assert_eq!(
+        bad(&|p| p.since_ms = Some(u64::MAX)),
+        Err("exec.json: progress.since_ms is past the year 9999".into())
+    );
+    assert_eq!(bad(&|p| p.at_ms = Some(year_10000_ms - 1)), Ok(()));
+    for step in [-5.0, 1e308, 9_007_199_254_740_994.0] {
+        assert_eq!(
+            bad(&|p| p.step = Some(step)),
+            Err("exec.json: progress.step is not a step: a number from 0 to 2^53".into()),
+            "{step}"
+        );
+    }
+    assert_eq!(bad(&|p| p.step = Some(0.0)), Ok(()));
+}
+
 #[test]
 fn news_announces_each_kill_and_xid_once_per_epoch() {
     let mut p = Published::default();

@@ -85,7 +85,7 @@ impl Incoming {
             .flat_map(|s| &s.stalled)
             .map(|p| PeerStall {
                 pod: p.pod.clone(),
-                since: std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms),
+                since: crate::wallclock::from_ms(p.since_ms),
                 ongoing: p.ongoing,
             })
             .collect()

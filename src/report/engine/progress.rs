@@ -21,7 +21,8 @@ use crate::peers::progress::{PeerStall, annotation, epoch_ms, to_act_on};
 use crate::supervise::output::Watch;
 use crate::supervise::policy::OnStall;
 use crate::supervise::progress::{
-    JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig, stalled_note,
+    Heartbeat, JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig,
+    stalled_note,
 };
 
 /// exec's progress watch.
@@ -29,6 +30,8 @@ pub(super) struct Watching {
     pub watch: Arc<Watch>,
     pub stall: Option<StallWatch>,
     heartbeat: Option<PathBuf>,
+    /// The heartbeat file's mtime as last seen: a change is progress.
+    beat: Heartbeat,
     /// CMD's CPU time (clock ticks) over time, for the window of a stall.
     cpu: VecDeque<(SystemTime, u64)>,
     /// The last `Stalled` Event's note.
@@ -54,6 +57,7 @@ impl Watching {
             watch: Watch::new(cfg.pattern.clone()),
             stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
             heartbeat: cfg.heartbeat.clone(),
+            beat: Heartbeat::new(cfg.heartbeat.as_deref().and_then(mtime)),
             cpu: VecDeque::new(),
             note: String::new(),
             last_stall: None,
@@ -80,6 +84,11 @@ impl Watching {
             note: crate::publish::truncate(&self.note, MAX_TEXT),
         }
     }
+}
+
+/// The heartbeat file's mtime, if it can be read.
+fn mtime(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 /// Whether this pod speaks for the job's silence: it runs rank 0 of the resolved
@@ -116,14 +125,8 @@ impl Engine {
         let Some(w) = self.progress.as_mut() else {
             return;
         };
-        if let Some(mtime) = w
-            .heartbeat
-            .as_deref()
-            .and_then(|h| std::fs::metadata(h).ok())
-            .and_then(|m| m.modified().ok())
-            .filter(|m| *m > w.started)
-        {
-            w.watch.heartbeat(mtime);
+        if w.beat.changed(w.heartbeat.as_deref().and_then(mtime)) {
+            w.watch.heartbeat(now);
         }
         w.cpu.push_back((now, ticks));
         let keep = w.stall.as_ref().map_or(Duration::ZERO, |s| s.after) + self.cfg.interval * 2;
@@ -286,7 +289,7 @@ impl Engine {
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
-                    at: o.at_ms.map(|t| UNIX_EPOCH + Duration::from_millis(t)),
+                    at: o.at_ms.map(crate::wallclock::from_ms),
                     step: o.step,
                     ..Progress::default()
                 };
@@ -320,6 +323,8 @@ impl Engine {
         if let Some(w) = self.progress.as_mut() {
             w.started = now;
             w.acted = known;
+            // A touch by the CMD that was stopped is no progress of this run.
+            w.beat = Heartbeat::new(w.heartbeat.as_deref().and_then(mtime));
             if let Some(s) = w.stall.as_mut() {
                 s.restart(now);
             }

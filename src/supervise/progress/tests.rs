@@ -86,12 +86,75 @@ fn progress_keeps_the_last_step_and_line() {
             at: Some(t(11)),
             step: Some(3.0),
             line: "eval".into(),
+            stepped: false,
         }
     );
-    pr.on_heartbeat(t(5));
-    assert_eq!(pr.at, Some(t(11)));
-    pr.on_heartbeat(t(20));
-    assert_eq!(pr.at, Some(t(20)));
+}
+
+/// A step is a count: what is not (negative, NaN, infinite, past 2^53, where the
+/// issue saw `last step -5` and a 309-digit step) is no step, and the line is
+/// progress all the same.
+#[test]
+fn only_counts_are_steps() {
+    let p = Pattern::new(Some(r"step (\S+)")).unwrap();
+    for no in ["-5", "NaN", "inf", "-inf", "1e308", "9007199254740994"] {
+        assert_eq!(
+            p.progress(format!("step {no}").as_bytes()),
+            Some(None),
+            "{no}"
+        );
+    }
+    assert_eq!(p.progress(b"step 9007199254740992"), Some(Some(MAX_STEP)));
+    assert_eq!(p.progress(b"step 2.5"), Some(Some(2.5)));
+    let zero = p.progress(b"step -0").unwrap().unwrap();
+    assert!(zero == 0.0 && zero.is_sign_positive());
+    assert_eq!(format!("{}", step(1e6).unwrap()), "1000000");
+}
+
+/// The heartbeat's mtime is CMD's to set, to any value: a change of it is progress at
+/// the time exec sees it. A future mtime (which turned the watch off: a CMD silent for
+/// 4 s under `--stall-after 1s` exited 0) and one in the year 10000 (which crashed the
+/// reporter that wrote it as RFC 3339) move nothing into the future.
+#[test]
+fn a_heartbeat_counts_when_its_mtime_changes_either_way_at_the_time_exec_sees_it() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let year_10000 = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+    let mut beat = Heartbeat::new(Some(t(100)));
+    let mut w = StallWatch::new(Duration::from_secs(1), t(100));
+    let mut pr = Progress::default();
+    // Unchanged, or unreadable: no news.
+    assert!(!beat.changed(Some(t(100))));
+    assert!(!beat.changed(None));
+    // Set a year ahead at 100.5 s: progress at 100.5 s, not next year.
+    assert!(beat.changed(Some(t(100 + 365 * 86_400))));
+    let seen = t(100) + Duration::from_millis(500);
+    pr.on_heartbeat(seen);
+    assert_eq!(pr.at, Some(seen));
+    assert_eq!(w.check(&pr, alone(), t(101)), None);
+    // Silent from then on: stalled a second later.
+    assert!(!beat.changed(Some(t(100 + 365 * 86_400))));
+    assert_eq!(
+        w.check(&pr, alone(), seen + Duration::from_secs(1)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
+    );
+    // Year 10000, then back into the past: each change is progress, seen now.
+    assert!(beat.changed(Some(year_10000)));
+    pr.on_heartbeat(t(103));
+    assert_eq!(w.check(&pr, alone(), t(103)), Some(Transition::Resumed));
+    assert!(!beat.changed(Some(year_10000)));
+    assert!(beat.changed(Some(t(5))));
+    pr.on_heartbeat(t(104));
+    assert_eq!(pr.at, Some(t(104)));
+    assert_eq!(
+        w.check(&pr, alone(), t(105)),
+        Some(Transition::Stalled {
+            n: 2,
+            kind: StallKind::Own
+        })
+    );
 }
 
 fn alone() -> JobView {
@@ -226,6 +289,7 @@ fn the_note_says_what_was_seen() {
         at: None,
         step: Some(145.0),
         line: "step 145 loss 0.3".into(),
+        stepped: true,
     };
     assert_eq!(
         stalled_note(Duration::from_millis(5400), &p, Some(99.6), &[97, 100]),
@@ -240,6 +304,30 @@ fn the_note_says_what_was_seen() {
         ),
         "no progress for 10m; no progress output yet; CMD used 0% of a core over the window"
     );
+}
+
+/// The step is said to be in the line only when that line gave it (the issue saw
+/// `last step -5 in "step NaN"`); a silence under a second is said in ms, not `0s`.
+#[test]
+fn the_note_quotes_the_step_with_its_own_line_and_short_silences_in_ms() {
+    let p = Pattern::new(Some(r"step (\S+)")).unwrap();
+    let t = SystemTime::UNIX_EPOCH;
+    let mut pr = Progress::default();
+    pr.on_line(&p, b"step 7", t);
+    pr.on_line(&p, b"step -5", t);
+    pr.on_line(&p, b"step NaN", t);
+    assert_eq!(
+        stalled_note(Duration::from_millis(800), &pr, None, &[]),
+        "no progress for 800ms; last step 7; last output \"step NaN\""
+    );
+    pr.on_line(&p, b"step 8.0", t);
+    assert_eq!(
+        stalled_note(Duration::from_millis(61_900), &pr, None, &[]),
+        "no progress for 1m 1s; last step 8 in \"step 8.0\""
+    );
+    assert_eq!(for_people(Duration::ZERO), "0ms");
+    assert_eq!(for_people(Duration::from_millis(999)), "999ms");
+    assert_eq!(for_people(Duration::from_millis(1999)), "1s");
 }
 
 #[test]

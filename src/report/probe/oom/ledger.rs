@@ -228,8 +228,9 @@ fn abs_diff(a: SystemTime, b: SystemTime) -> Duration {
         .unwrap_or_default()
 }
 
+/// To the second; a time RFC 3339 cannot write is clamped ([`crate::wallclock`]).
 pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
+    crate::wallclock::rfc3339_seconds(t)
 }
 
 // ---------------------------------------------------------------------------------
