@@ -56,6 +56,8 @@ pub const FRAMEWORK: &str = "framework";
 pub const NPROC_PER_NODE: &str = "nproc-per-node";
 pub const SLOTS: &str = "slots";
 pub const NNODES: &str = "nnodes";
+pub const MASTER_PORT: &str = "master-port";
+pub const COORDINATOR_PORT: &str = "coordinator-port";
 pub const TIMEOUT: &str = "timeout";
 
 // The reporters (`sidecar`, `exec --report`).

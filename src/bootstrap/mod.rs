@@ -35,7 +35,7 @@ use crate::publish::Publisher;
 use crate::render::frameworks::{FrameworkConfig, FrameworkError};
 use crate::render::{self, OutputError, TfConfig};
 use follow::{FALLBACK, follow_resolver};
-use output::{port_is_free, write_outputs};
+use output::{port_is_free, render_outputs};
 pub use role::{COORDINATE_FROM, Coordinate, Role, coordinates, coordination_target, role};
 
 /// Everything `init` needs, validated.
@@ -153,9 +153,8 @@ pub async fn run(
         found.task.clone(),
         cfg.cluster.environment.clone(),
     );
-    this.check_port(&tf).await?;
     let plan = this.plan(&role, &found).await?;
-    let env = write_outputs(
+    let outputs = render_outputs(
         cfg,
         &tf,
         &found.cluster,
@@ -163,6 +162,8 @@ pub async fn run(
         found.waited,
         plan.coordination,
     )?;
+    this.check_ports(&outputs.listen_ports(&tf)).await?;
+    let env = outputs.write(cfg)?;
     let (task, cluster) = (&found.task, &found.cluster);
     info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %cluster.summary(), waited = ?found.waited, "wrote {}", cfg.output_dir.join(render::TF_CONFIG_FILE).display());
     this.announce(&plan.annotation).await?;
@@ -296,14 +297,22 @@ impl Session<'_> {
         })
     }
 
-    /// The own server port must be free in this pod's network namespace; with
-    /// hostNetwork it often is not, and TensorFlow would fail much later with a
-    /// confusing "Address already in use".
-    async fn check_port(&self, tf: &TfConfig) -> Result<(), InitError> {
-        let port = tf.own_port().unwrap_or(self.cfg.cluster.resolver.port);
-        if port_is_free(port).await {
-            return Ok(());
+    /// The ports the training process will listen on must be free in this pod's
+    /// network namespace: each chosen framework's (TensorFlow's server port, PyTorch's
+    /// MASTER_PORT on rank 0, JAX's coordinator port on process 0), not TensorFlow's
+    /// for every job. With hostNetwork they often are not, and the framework would
+    /// fail much later with a confusing "Address already in use".
+    async fn check_ports(&self, ports: &[u16]) -> Result<(), InitError> {
+        let mut taken = None;
+        for &port in ports {
+            if !port_is_free(port).await {
+                taken = Some(port);
+                break;
+            }
         }
+        let Some(port) = taken else {
+            return Ok(());
+        };
         let e = InitError::PortConflict(port);
         best_effort(
             self.publisher

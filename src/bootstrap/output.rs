@@ -38,15 +38,14 @@ pub(super) async fn port_is_free(port: u16) -> bool {
 
 /// Renders everything before it writes anything, so that a framework error leaves no
 /// file behind; returns the environment of `trainlet.env`.
-pub(super) fn write_outputs(
+pub(super) fn render_outputs(
     cfg: &InitConfig,
     tf: &TfConfig,
     cluster: &Cluster,
     own: &Pod,
     waited: Duration,
     coordination: Option<Coordination>,
-) -> Result<Vec<(String, String)>, InitError> {
-    let dir = &cfg.output_dir;
+) -> Result<Outputs, InitError> {
     let order: Vec<&str> = cfg
         .cluster
         .resolver
@@ -65,9 +64,6 @@ pub(super) fn write_outputs(
         &facts,
         render::tf_env(tf),
     )?;
-    if let Some(to) = &cfg.install_to {
-        install_binary(to)?;
-    }
     let now = crate::wallclock::rfc3339_millis(SystemTime::now());
     let meta = render::ClusterMeta {
         rpc_layer: cfg.cluster.rpc_layer.clone(),
@@ -85,23 +81,49 @@ pub(super) fn write_outputs(
         waited_seconds: waited.as_secs_f64(),
         coordination,
     };
-    let cluster_json = render::render_cluster_file(tf, cluster, &ranks, &meta);
-    for f in &rendered.files {
-        render::write_atomic(dir, &f.name, f.contents.as_bytes())?;
+    Ok(Outputs {
+        cluster_json: render::render_cluster_file(tf, cluster, &ranks, &meta),
+        tf_config: format!("{}\n", tf.render()),
+        rendered,
+    })
+}
+
+/// Every file init writes, rendered and not yet written: the ports the training
+/// process will listen on are checked first ([`Outputs::listen_ports`]), so that a
+/// conflict leaves nothing half written.
+pub(super) struct Outputs {
+    rendered: frameworks::Rendered,
+    cluster_json: String,
+    tf_config: String,
+}
+
+impl Outputs {
+    /// The ports this task's process is about to listen on: each chosen framework's
+    /// (a PyTorch job's is MASTER_PORT, not TensorFlow's 8470).
+    pub fn listen_ports(&self, tf: &TfConfig) -> Vec<u16> {
+        frameworks::listen_ports(&self.rendered.env, tf.own_port())
     }
-    render::write_atomic(dir, render::CLUSTER_FILE, cluster_json.as_bytes())?;
-    render::write_atomic(
-        dir,
-        render::ENV_FILE,
-        render::render_env(&rendered.env).as_bytes(),
-    )?;
-    // Last: its presence tells `trainlet exec` that the set is complete.
-    render::write_atomic(
-        dir,
-        render::TF_CONFIG_FILE,
-        format!("{}\n", tf.render()).as_bytes(),
-    )?;
-    Ok(rendered.env)
+
+    /// Installs the binary, then writes the files atomically, TF_CONFIG last; returns
+    /// the environment of trainlet.env.
+    pub fn write(self, cfg: &InitConfig) -> Result<Vec<(String, String)>, InitError> {
+        let dir = &cfg.output_dir;
+        if let Some(to) = &cfg.install_to {
+            install_binary(to)?;
+        }
+        for f in &self.rendered.files {
+            render::write_atomic(dir, &f.name, f.contents.as_bytes())?;
+        }
+        render::write_atomic(dir, render::CLUSTER_FILE, self.cluster_json.as_bytes())?;
+        render::write_atomic(
+            dir,
+            render::ENV_FILE,
+            render::render_env(&self.rendered.env).as_bytes(),
+        )?;
+        // Last: its presence tells `trainlet exec` that the set is complete.
+        render::write_atomic(dir, render::TF_CONFIG_FILE, self.tf_config.as_bytes())?;
+        Ok(self.rendered.env)
+    }
 }
 
 /// What the frameworks need from the own pod: the training container's GPUs, and a

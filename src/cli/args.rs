@@ -213,6 +213,19 @@ pub struct OutputArgs {
     #[arg(long = flags::NNODES, env = "TRAINLET_NNODES", value_name = "MIN:MAX")]
     pub nnodes: Option<String>,
 
+    /// PyTorch's MASTER_PORT (and torchrun's rendezvous port), where rank 0's process
+    /// listens. Default: the task port that --port or --port-name names, unless MPI is
+    /// among the --framework too (that port is then its sshd's), else torchrun's 29500.
+    /// On hostNetwork pods, pick one no other pod on the node uses.
+    #[arg(long = flags::MASTER_PORT, env = "TRAINLET_MASTER_PORT", value_name = "PORT")]
+    pub master_port: Option<u16>,
+
+    /// JAX's coordinator port, where process 0 listens. Default: the task port that
+    /// --port or --port-name names, unless MPI is among the --framework too, else JAX's
+    /// 55527.
+    #[arg(long = flags::COORDINATOR_PORT, env = "TRAINLET_COORDINATOR_PORT", value_name = "PORT")]
+    pub coordinator_port: Option<u16>,
+
     /// How long to wait for peers, e.g. 90s, 10m or 1h; 0 waits forever.
     #[arg(
         long = flags::TIMEOUT,

@@ -697,6 +697,60 @@ async fn a_real_listener_on_the_port_gives_exit_6_and_writes_nothing() {
     drop(listener);
 }
 
+/// hostNetwork: init checks the ports the chosen frameworks listen on, not
+/// TensorFlow's for every job (before, a PyTorch job exited 6 with the node's 8470
+/// held and 0 with its MASTER_PORT held).
+#[tokio::test]
+async fn a_pytorch_job_checks_master_port_not_the_tensorflow_port() {
+    let client = admin().await;
+    let ns = namespace(&client, "port-torch").await;
+    running_pods(&client, &ns, &[("w-0", "role=w", "10.8.0.2")]).await;
+    let tf_port = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let tf = tf_port.local_addr().unwrap().port().to_string();
+    let master = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let master_port = master.local_addr().unwrap().port().to_string();
+    let init = |out: &std::path::Path, master: &str| {
+        run(&mut init_cmd(
+            kubeconfig(),
+            &ns,
+            "w-0",
+            out,
+            &[
+                "--job",
+                "worker=role=w",
+                "--expect",
+                "worker=1",
+                "--port",
+                &tf,
+                "--framework",
+                "pytorch",
+                "--master-port",
+                master,
+            ],
+        ))
+    };
+    // TensorFlow's port held, PyTorch's free: fine.
+    let out = tempfile::tempdir().unwrap();
+    let free = free_port().to_string();
+    let r = init(out.path(), &free);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let torch = std::fs::read_to_string(out.path().join("torch.env")).unwrap();
+    assert!(
+        torch.contains(&format!("export MASTER_PORT='{free}'\n")),
+        "{torch}"
+    );
+    // MASTER_PORT held on rank 0: exit 6, nothing written.
+    let out = tempfile::tempdir().unwrap();
+    let r = init(out.path(), &master_port);
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!("port {master_port} is already in use in this pod's network namespace")
+    );
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+    drop((tf_port, master));
+}
+
 #[tokio::test]
 async fn exec_runs_init_first_when_no_tf_config_exists() {
     let client = admin().await;

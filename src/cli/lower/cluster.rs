@@ -12,7 +12,7 @@ use crate::cluster::{
     self, ClusterConfig, Job, Namespaces, Resolver, Task, add_selector, validate_task_type,
 };
 use crate::flags;
-use crate::render::frameworks::{Elastic, FrameworkConfig, Nproc, Slots};
+use crate::render::frameworks::{Elastic, FrameworkConfig, Nproc, RendezvousPort, Slots};
 
 /// The cluster flags, validated: no client, no file, no syscall.
 pub fn cluster_config(a: &ClusterArgs) -> Result<ClusterConfig, Failure> {
@@ -158,13 +158,28 @@ pub fn framework_config(c: &ClusterArgs, o: &OutputArgs) -> Result<FrameworkConf
         None => None,
         Some(v) => Some(parse_nnodes(v)?),
     };
+    // The named task port is every framework's, but for MPI's: with MPI chosen too it
+    // is its sshd's, which PyTorch's and JAX's rank 0 cannot listen on.
+    let task_port = (c.port.is_some() || c.port_name.is_some())
+        && !frameworks.contains(&super::super::values::Framework::Mpi);
     Ok(FrameworkConfig {
         frameworks: frameworks.into_iter().map(Into::into).collect(),
         nproc,
         slots,
         elastic,
-        port_given: c.port.is_some() || c.port_name.is_some(),
+        torch_port: rendezvous_port(o.master_port, task_port),
+        jax_port: rendezvous_port(o.coordinator_port, task_port),
     })
+}
+
+/// A launcher's rendezvous port: its own flag, else the named task port where it is
+/// this framework's, else the launcher's default.
+fn rendezvous_port(own: Option<u16>, task_port: bool) -> RendezvousPort {
+    match own {
+        Some(p) => RendezvousPort::Fixed(p),
+        None if task_port => RendezvousPort::Task,
+        None => RendezvousPort::Default,
+    }
 }
 
 /// `--nnodes MIN:MAX`, 0 < MIN ≤ MAX.
@@ -316,6 +331,45 @@ fn parse_expect(flags: &[String], jobs: &[Job]) -> Result<BTreeMap<String, usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ports(args: &[&str]) -> (RendezvousPort, RendezvousPort) {
+        use clap::Parser;
+        let argv = ["trainlet", "init", "--job", "w=a=b"].iter().chain(args);
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Init(a) = cli.command else {
+            unreachable!()
+        };
+        let c = framework_config(&a.cluster, &a.output).unwrap();
+        (c.torch_port, c.jax_port)
+    }
+
+    /// `--framework mpi,pytorch --port-name ssh` wrote MASTER_PORT=2222, the sshd's:
+    /// with MPI chosen, the named port is its alone.
+    #[test]
+    fn the_named_port_is_not_pytorchs_when_it_is_mpis_sshd() {
+        use RendezvousPort::{Default, Fixed, Task};
+        let named = ["--port-name", "ssh"];
+        assert_eq!(ports(&["--framework", "pytorch,jax"]), (Default, Default));
+        assert_eq!(
+            ports(&[&["--framework", "pytorch,jax"][..], &named].concat()),
+            (Task, Task)
+        );
+        assert_eq!(
+            ports(&[&["--framework", "mpi,pytorch"][..], &named].concat()),
+            (Default, Default)
+        );
+        assert_eq!(
+            ports(
+                &[
+                    &["--framework", "mpi,pytorch", "--master-port", "29600"][..],
+                    &["--coordinator-port", "55600"],
+                    &named
+                ]
+                .concat()
+            ),
+            (Fixed(29600), Fixed(55600))
+        );
+    }
 
     #[test]
     fn job_flags_and_mapping_agree() {

@@ -14,6 +14,7 @@
 //! (`pkg/controller.v1/jax/envvar.go`); both sets are written, so scripts written for
 //! either run unchanged.
 
+use super::RendezvousPort;
 use super::ranks::Ranks;
 use crate::cluster::address;
 
@@ -22,9 +23,9 @@ use crate::cluster::address;
 pub const DEFAULT_PORT: u16 = 55527;
 
 /// The variables of `jax.env`. Requires a rank 0 (checked by the caller).
-pub fn vars(ranks: &Ranks, port_given: bool) -> Vec<(String, String)> {
+pub fn vars(ranks: &Ranks, port: RendezvousPort) -> Vec<(String, String)> {
     let (host, port) = ranks
-        .rendezvous(port_given, DEFAULT_PORT)
+        .rendezvous(port, DEFAULT_PORT)
         .expect("the caller checked for a rank 0");
     let n = ranks.tasks.len().to_string();
     let id = ranks.own.map(|r| r.to_string()).unwrap_or_default();

@@ -96,9 +96,22 @@ pub struct FrameworkConfig {
     pub nproc: Nproc,
     pub slots: Slots,
     pub elastic: Option<Elastic>,
-    /// Whether `--port` or `--port-name` named the task port: then the launchers'
-    /// rendezvous uses rank 0's port from the cluster, else their own default.
-    pub port_given: bool,
+    /// Where PyTorch's rank 0 listens (MASTER_PORT).
+    pub torch_port: RendezvousPort,
+    /// Where JAX's process 0 listens (the coordinator).
+    pub jax_port: RendezvousPort,
+}
+
+/// Where a launcher's rank 0 listens for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RendezvousPort {
+    /// The launcher's own default (torchrun's 29500, JAX's 55527).
+    Default,
+    /// Rank 0's task port from the cluster (`--port` or `--port-name` named it for
+    /// this framework).
+    Task,
+    /// A port of its own (`--master-port`, `--coordinator-port`).
+    Fixed(u16),
 }
 
 impl Default for FrameworkConfig {
@@ -108,7 +121,8 @@ impl Default for FrameworkConfig {
             nproc: Nproc::Auto,
             slots: Slots::Auto,
             elastic: None,
-            port_given: false,
+            torch_port: RendezvousPort::Default,
+            jax_port: RendezvousPort::Default,
         }
     }
 }
@@ -228,13 +242,13 @@ pub fn render(
     // rendezvous-based formats are errors when selected and skipped when not.
     match ranks.zero() {
         Some(_) => {
-            let torch = torch::vars(ranks, nproc, cfg.elastic, cfg.port_given, &pod.run_id);
+            let torch = torch::vars(ranks, nproc, cfg.elastic, cfg.torch_port, &pod.run_id);
             add(&mut out, Framework::Pytorch, TORCH_FILE, torch);
             add(
                 &mut out,
                 Framework::Jax,
                 JAX_FILE,
-                jax::vars(ranks, cfg.port_given),
+                jax::vars(ranks, cfg.jax_port),
             );
         }
         None => {

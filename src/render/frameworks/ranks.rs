@@ -6,6 +6,7 @@
 //! TensorFlow's `evaluator` is not a rank: it evaluates checkpoints beside the
 //! training cluster and takes no part in its collectives.
 
+use super::RendezvousPort;
 use crate::cluster::{Cluster, Peer, Task, address};
 
 /// The job type that is never part of the training cluster.
@@ -47,13 +48,15 @@ impl<'c> Ranks<'c> {
         self.tasks.first().copied().filter(|_| self.first_present)
     }
 
-    /// Where the launchers rendezvous: rank 0's host, and its port when `--port` or
-    /// `--port-name` named the task port (`given`), else the launcher's `default`.
-    pub fn rendezvous(&self, given: bool, default: u16) -> Option<(&'c str, u16)> {
+    /// Where a launcher rendezvous: rank 0's host, and `port`: rank 0's task port, a
+    /// port of its own, or the launcher's `default`.
+    pub fn rendezvous(&self, port: RendezvousPort, default: u16) -> Option<(&'c str, u16)> {
         let zero = self.zero()?;
-        let port = address::port(&zero.address)
-            .filter(|_| given)
-            .unwrap_or(default);
+        let port = match port {
+            RendezvousPort::Fixed(p) => p,
+            RendezvousPort::Task => address::port(&zero.address).unwrap_or(default),
+            RendezvousPort::Default => default,
+        };
         Some((address::host(&zero.address), port))
     }
 

@@ -153,7 +153,8 @@ fn only_a_count_of_processes_per_pod_multiplies_the_world_size() {
 #[test]
 fn a_given_port_is_rank_zeros_port() {
     let cfg = FrameworkConfig {
-        port_given: true,
+        torch_port: RendezvousPort::Task,
+        jax_port: RendezvousPort::Task,
         ..Default::default()
     };
     let r = master_workers(&cfg, 0);
@@ -162,6 +163,26 @@ fn a_given_port_is_rank_zeros_port() {
         get(&env_of(&r, JAX_FILE), "JAX_COORDINATOR_ADDRESS"),
         "10.0.0.5:2222"
     );
+}
+
+/// Each framework its own port: `--master-port` and `--coordinator-port`, and with
+/// MPI chosen the named task port is its sshd's, not PyTorch's (before, MASTER_PORT was
+/// the sshd's 2222).
+#[test]
+fn each_framework_listens_on_its_own_port() {
+    let cfg = FrameworkConfig {
+        torch_port: RendezvousPort::Fixed(29600),
+        jax_port: RendezvousPort::Fixed(55600),
+        ..Default::default()
+    };
+    let r = master_workers(&cfg, 0);
+    assert_eq!(get(&env_of(&r, TORCH_FILE), "MASTER_PORT"), "29600");
+    assert_eq!(
+        get(&env_of(&r, JAX_FILE), "JAX_COORDINATOR_ADDRESS"),
+        "10.0.0.5:55600"
+    );
+    let r = master_workers(&FrameworkConfig::default(), 0);
+    assert_eq!(get(&env_of(&r, TORCH_FILE), "MASTER_PORT"), "29500");
 }
 
 #[test]

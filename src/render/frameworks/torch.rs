@@ -12,8 +12,8 @@
 //! Unlike Kubeflow, `MASTER_ADDR` is rank 0's address (its pod IP by default) rather
 //! than a Service name, and the default port is torchrun's own, 29500.
 
-use super::Elastic;
 use super::ranks::Ranks;
+use super::{Elastic, RendezvousPort};
 use crate::cluster::address;
 
 /// torchrun's default `--master-port`.
@@ -25,11 +25,11 @@ pub fn vars(
     ranks: &Ranks,
     nproc: (u32, String),
     elastic: Option<Elastic>,
-    port_given: bool,
+    port: RendezvousPort,
     run_id: &str,
 ) -> Vec<(String, String)> {
     let (addr, port) = ranks
-        .rendezvous(port_given, DEFAULT_PORT)
+        .rendezvous(port, DEFAULT_PORT)
         .expect("the caller checked for a rank 0");
     let addr = addr.to_string();
     let nodes = ranks.tasks.len();
