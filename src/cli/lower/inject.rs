@@ -332,10 +332,10 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
         init.push(with_value(f::SLOTS, s));
     }
     if let Some(p) = o.master_port {
-        init.push(with_value(f::MASTER_PORT, &p.to_string()));
+        init.push(with_value(f::MASTER_PORT, p.to_string()));
     }
     if let Some(p) = o.coordinator_port {
-        init.push(with_value(f::COORDINATOR_PORT, &p.to_string()));
+        init.push(with_value(f::COORDINATOR_PORT, p.to_string()));
     }
     if let Some(n) = &o.nnodes {
         init.push(with_value(f::NNODES, n));
