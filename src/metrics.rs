@@ -358,6 +358,24 @@ pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
     tokio::net::TcpListener::from_std(std).map_err(|source| MetricsError::Bind { addr, source })
 }
 
+/// Binds `addr`, or where another process holds its port, any free port of the same
+/// address: a reporter whose port is taken (two hostNetwork pods on one node) reports
+/// all the same, on a port it logs, instead of crash-looping. The error says why.
+pub fn bind_or_any_port(
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, Option<MetricsError>), MetricsError> {
+    match bind(addr) {
+        Ok(l) => Ok((l, None)),
+        Err(MetricsError::Bind { source, .. })
+            if source.kind() == std::io::ErrorKind::AddrInUse && addr.port() != 0 =>
+        {
+            let any = SocketAddr::new(addr.ip(), 0);
+            Ok((bind(any)?, Some(MetricsError::Bind { addr, source })))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Serves `/metrics`, `/livez` and `/readyz` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Readiness) {
     if let Ok(addr) = listener.local_addr() {
@@ -444,6 +462,28 @@ fn route<B>(req: &Request<B>, metrics: &Metrics, ready: &Readiness) -> Response<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two hostNetwork pods on one node share the node's ports: the second reporter
+    /// serves on another port, and says why, instead of exiting 6.
+    #[tokio::test]
+    async fn a_taken_metrics_port_falls_back_to_a_free_one() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let (l, taken) = bind_or_any_port(addr).unwrap();
+        let got = l.local_addr().unwrap();
+        assert_eq!(got.ip(), addr.ip());
+        assert_ne!(got.port(), addr.port());
+        let e = taken.expect("the taken port is reported");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot serve metrics on {addr}: ")),
+            "{e}"
+        );
+        // A free port is bound as it is.
+        drop(held);
+        let (l, taken) = bind_or_any_port(addr).unwrap();
+        assert_eq!((l.local_addr().unwrap(), taken.is_none()), (addr, true));
+    }
 
     #[test]
     fn metric_names_and_format() {

@@ -426,8 +426,15 @@ impl Engine {
         let Some(addr) = self.cfg.metrics_addr else {
             return Ok(());
         };
-        match metrics::bind(addr) {
-            Ok(l) => {
+        match metrics::bind_or_any_port(addr) {
+            Ok((l, taken)) => {
+                if let Some(e) = taken {
+                    let at = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                    warn!(
+                        "{e}: another process holds it (on a hostNetwork pod, every pod of the node shares the node's ports); serving on {at} instead, which Prometheus does not know of: give each pod of a node its own --{}",
+                        crate::flags::METRICS_ADDR
+                    );
+                }
                 tokio::spawn(metrics::serve(l, self.metrics.clone(), self.ready.clone()));
                 Ok(())
             }
