@@ -280,6 +280,10 @@ fn progress(p: &Value, today: &str) -> String {
             None => format!("stalled since {since}"),
         };
     }
+    // No progress since CMD started: the ranks that never print, which is no stall.
+    if p["silent"] == true {
+        return "silent".into();
+    }
     match (step, clock("at")) {
         (Some(step), Some(at)) => format!("{step} at {at}"),
         (None, Some(at)) => format!("output at {at}"),

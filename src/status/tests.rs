@@ -125,6 +125,14 @@ fn restart_counts_do_not_wrap_and_odd_steps_are_not_shown() {
         ),
         "stalled since 12:00:00Z"
     );
+    // A rank that never prints is silent, not stalled: so the column says.
+    assert_eq!(
+        progress(
+            &serde_json::from_str(r#"{"stalled":false,"silent":true,"stalls":0}"#).unwrap(),
+            "2026-11-23"
+        ),
+        "silent"
+    );
 }
 
 #[test]
