@@ -13,6 +13,7 @@
 //! a peer is lost or replaced, and the others watch only the resolver pod.
 
 mod announce;
+pub mod dns;
 mod follow;
 mod output;
 mod role;
@@ -27,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::Code;
 use crate::cluster::published::ANNOTATION;
-use crate::cluster::{Cluster, ClusterConfig, ClusterError, Task};
+use crate::cluster::{AddressMode, Cluster, ClusterConfig, ClusterError, Task};
 use crate::kube::{self as k8s, KubeError};
 use crate::peers::follow::FollowError;
 use crate::peers::{Scope, WaitError, wait_for_peers};
@@ -71,6 +72,9 @@ pub enum InitError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Framework(#[from] FrameworkError),
+    /// `--address dns`: a peer's name does not resolve to its pod IP by the timeout.
+    #[error(transparent)]
+    Dns(#[from] dns::DnsError),
     /// The own server port is taken in this pod's network namespace.
     #[error("port {0} is already in use in this pod's network namespace")]
     PortConflict(u16),
@@ -97,6 +101,7 @@ impl InitError {
             InitError::Wait(e) => e.code(),
             InitError::Follow(e) => e.code(),
             InitError::Framework(e) => e.code(),
+            InitError::Dns(e) => e.code(),
             InitError::Output(_) | InitError::Install(_) | InitError::InstallDir { .. } => {
                 Code::Internal
             }
@@ -148,6 +153,7 @@ pub async fn run(
     let role = this.role();
     info!(pod = %this.id.pod_name, namespace = %this.id.namespace, role = ?role, "waiting for peers");
     let found = this.resolve(&role).await?;
+    this.wait_for_dns(&found).await?;
     let tf = TfConfig::new(
         &found.cluster,
         found.task.clone(),
@@ -295,6 +301,23 @@ impl Session<'_> {
             waited: resolved.waited,
             followed: None,
         })
+    }
+
+    /// With `--address dns`, the files name peers by names that cluster DNS may not
+    /// serve yet: waits until each resolves to its pod's IP, within what is left of
+    /// `--timeout`.
+    async fn wait_for_dns(&self, found: &Found) -> Result<(), InitError> {
+        if self.cfg.cluster.resolver.address != AddressMode::Dns {
+            return Ok(());
+        }
+        let own_ip = self.own.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        let wants = dns::wants(&found.cluster, own_ip.map(|ip| (self.own_uid.as_str(), ip)));
+        let now = std::time::Instant::now();
+        let start = now.checked_sub(found.waited).unwrap_or(now);
+        match dns::wait_until_resolved(&wants, start, self.cfg.timeout).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.timed_out(e.into()).await),
+        }
     }
 
     /// The ports the training process will listen on must be free in this pod's

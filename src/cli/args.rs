@@ -88,7 +88,8 @@ pub struct ClusterArgs {
     pub port_name: Option<String>,
 
     /// Address of each task: the pod IP, the node's host IP (for hostNetwork), or the
-    /// stable DNS name <hostname>.<subdomain>.<namespace>.svc.<cluster-domain>.
+    /// stable DNS name <hostname>.<subdomain>.<namespace>.svc.<cluster-domain>; with
+    /// dns, init also waits (within --timeout) until each name resolves to its pod IP.
     #[arg(long = flags::ADDRESS, env = "TRAINLET_ADDRESS", value_enum, default_value_t = defaults::ADDRESS)]
     pub address: Address,
 

@@ -122,7 +122,7 @@ pub fn init(e: &InitError) -> String {
                 )
             }
         },
-        InitError::PortConflict(_) | InitError::Install(_) => e.to_string(),
+        InitError::PortConflict(_) | InitError::Install(_) | InitError::Dns(_) => e.to_string(),
     }
 }
 

@@ -382,6 +382,9 @@ fn max_restarts_and_restart_grace_go_into_the_wrapped_command() {
 /// first it drops: the result is what the second alone makes of the original.
 #[test]
 fn a_second_inject_applies_its_flags_and_says_what_it_drops() {
+    // With a subdomain already: the one `--address dns` gives a Job without one stays
+    // the user's after it (harmless without DNS addresses).
+    let original = &job("", "      subdomain: mnist\n");
     let first = cfg(&[
         "--wrap",
         "train",
@@ -394,7 +397,7 @@ fn a_second_inject_applies_its_flags_and_says_what_it_drops() {
         "--resources",
         "memory=256Mi",
     ]);
-    let once = inject(&job("", ""), &first).unwrap();
+    let once = inject(original, &first).unwrap();
     // Changed: the new values apply, and nothing is dropped.
     let changed = cfg(&[
         "--wrap",
@@ -409,12 +412,12 @@ fn a_second_inject_applies_its_flags_and_says_what_it_drops() {
         "memory=256Mi",
     ]);
     let out = inject(&once.yaml, &changed).unwrap();
-    assert_eq!(out.yaml, inject(&job("", ""), &changed).unwrap().yaml);
+    assert_eq!(out.yaml, inject(original, &changed).unwrap().yaml);
     assert_eq!(notes(&out), ["injected"]);
     // Left out: the defaults apply, and one note names what was dropped.
     let plain = cfg(&["--wrap", "train"]);
     let out = inject(&once.yaml, &plain).unwrap();
-    assert_eq!(out.yaml, inject(&job("", ""), &plain).unwrap().yaml);
+    assert_eq!(out.yaml, inject(original, &plain).unwrap().yaml);
     assert_eq!(
         notes(&out),
         [

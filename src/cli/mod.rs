@@ -18,6 +18,8 @@ pub mod reference;
 pub mod values;
 
 #[cfg(test)]
+mod inject_dns_tests;
+#[cfg(test)]
 mod inject_own_tests;
 #[cfg(test)]
 mod inject_pod_tests;

@@ -627,6 +627,7 @@ mod tests {
             node: Some("n1".into()),
             uid: format!("uid-{i}"),
             namespace: "ml".into(),
+            pod_ip: None,
         }
     }
 

@@ -164,7 +164,7 @@ pub fn validate_task_type(ty: &str) -> Result<(), String> {
 }
 
 /// One task of the resolved cluster.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Peer {
     pub name: String,
     #[serde(rename = "type")]
@@ -175,6 +175,33 @@ pub struct Peer {
     pub uid: String,
     #[serde(skip)]
     pub namespace: String,
+    /// The pod's `status.podIP` when the cluster was resolved from the pods (not from
+    /// the resolver pod's annotation, which does not carry it): what its DNS name must
+    /// resolve to with `--address dns`. Not part of a peer's identity.
+    #[serde(skip)]
+    pub pod_ip: Option<String>,
+}
+
+impl PartialEq for Peer {
+    fn eq(&self, o: &Self) -> bool {
+        (
+            &self.name,
+            &self.task_type,
+            self.index,
+            &self.address,
+            &self.node,
+            &self.uid,
+            &self.namespace,
+        ) == (
+            &o.name,
+            &o.task_type,
+            o.index,
+            &o.address,
+            &o.node,
+            &o.uid,
+            &o.namespace,
+        )
+    }
 }
 
 /// The resolved cluster: every type's tasks, in task-index order.

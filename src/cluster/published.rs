@@ -258,6 +258,7 @@ pub fn decode(text: &str, namespace: &str) -> Result<Resolution, PublishedError>
                 node,
                 uid,
                 namespace: namespace.to_string(),
+                pod_ip: None,
             })
             .collect();
         if cluster.tasks.insert(task_type.clone(), peers).is_some() {
@@ -370,6 +371,7 @@ mod tests {
             node: Some(format!("node-{i}")),
             uid: uid.into(),
             namespace: "ml".into(),
+            pod_ip: None,
         }
     }
 
@@ -480,6 +482,7 @@ mod tests {
                     node: Some(node),
                     uid: uid(i),
                     namespace: "ml".into(),
+                    pod_ip: None,
                 }
             })
             .collect();

@@ -268,6 +268,11 @@ impl Resolver {
             node: p.node_name.clone(),
             uid: uid(p).to_string(),
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            pod_ip: p
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty()),
         })
     }
 

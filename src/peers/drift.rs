@@ -432,6 +432,7 @@ fn peers_of(file: &render::ClusterFile) -> Vec<Peer> {
             node: p.node.clone(),
             uid: p.uid.clone(),
             namespace: String::new(),
+            pod_ip: None,
         })
         .collect()
 }

@@ -402,6 +402,7 @@ mod tests {
             node: Some("n1".into()),
             uid: format!("u-{t}-{i}"),
             namespace: "ns".into(),
+            pod_ip: None,
         };
         let mut c = Cluster::default();
         c.tasks.insert(

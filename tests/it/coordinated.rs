@@ -290,6 +290,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
             node: Some("node-a".into()),
             uid: uid.into(),
             namespace: ns.clone(),
+            pod_ip: None,
         };
     let port = free_port().to_string();
     let encode = |workers: Vec<trainlet::cluster::Peer>| {

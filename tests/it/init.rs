@@ -831,3 +831,132 @@ async fn every_selector_trainlet_accepts_kubernetes_accepts() {
         }
     }
 }
+
+/// Two running pods with DNS names (`w-0.ml.NS.svc.cluster.local`, ...), and the init
+/// command of `w-0` with `--address dns` and `extra`.
+async fn dns_pods(client: &Client, ns: &str, out: &Path, extra: &[&str]) -> std::process::Command {
+    let kubelet = Kubelet::new(client, ns);
+    for (name, ip) in [("w-0", "10.9.0.1"), ("w-1", "10.9.0.2")] {
+        pod(name)
+            .labels("role=w")
+            .dns(name, "ml")
+            .create(client, ns)
+            .await;
+        kubelet.run(name, ip).await;
+    }
+    let port = free_port().to_string();
+    let mut args = vec![
+        "--job",
+        "worker=role=w",
+        "--expect",
+        "worker=2",
+        "--address",
+        "dns",
+        "--port",
+        &port,
+    ];
+    args.extend(extra);
+    init_cmd(kubeconfig(), ns, "w-0", out, &args)
+}
+
+/// `--address dns`: init waits until each name resolves (through the real system
+/// resolver, from a real DNS server) to its pod's IP, saying which peer it waits for,
+/// and writes the names once they do.
+#[tokio::test]
+async fn dns_addresses_wait_until_the_names_resolve_to_the_pod_ips() {
+    let client = admin().await;
+    let ns = namespace(&client, "dns").await;
+    let out = tempfile::tempdir().unwrap();
+    let cmd = dns_pods(&client, &ns, out.path(), &["--timeout", "90s"]).await;
+    let dns = crate::support::dns::DnsServer::start();
+    let (n0, n1) = (
+        format!("w-0.ml.{ns}.svc.cluster.local"),
+        format!("w-1.ml.{ns}.svc.cluster.local"),
+    );
+    dns.set(&n0, "10.9.0.1");
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let mut child = dns
+        .command(&cmd)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let waiting = format!(
+        "waiting for DNS: peer worker/1 ({n1}) does not resolve to its pod IP 10.9.0.2 yet (lookup failed: "
+    );
+    eventually(
+        "init to log the peer it waits for",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            std::future::ready(text.contains(&waiting).then_some(()))
+        },
+    )
+    .await;
+    // A stale record (the IP of a replaced pod) is waited out too.
+    dns.set(&n1, "10.9.0.99");
+    let stale = format!(
+        "waiting for DNS: peer worker/1 ({n1}) does not resolve to its pod IP 10.9.0.2 yet (resolves to 10.9.0.99)"
+    );
+    eventually(
+        "init to log the stale record",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            std::future::ready(text.contains(&stale).then_some(()))
+        },
+    )
+    .await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+    dns.set(&n1, "10.9.0.2");
+    let status = eventually("init to finish", Duration::from_secs(60), || {
+        std::future::ready(child.try_wait().unwrap())
+    })
+    .await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let tf: Value = serde_json::from_str(&read(out.path(), "tf_config.json")).unwrap();
+    let port = tf["cluster"]["worker"][0]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        tf["cluster"],
+        json!({"worker": [format!("{n0}:{port}"), format!("{n1}:{port}")]})
+    );
+    assert!(
+        stderr.contains("every peer's DNS name resolves to its pod IP"),
+        "{stderr}"
+    );
+}
+
+/// `--address dns` past `--timeout`: exit 3 with one line naming the peer, its name,
+/// what it resolves to and the IP wanted, and nothing written.
+#[tokio::test]
+async fn dns_addresses_that_never_resolve_exit_3_naming_the_peer() {
+    let client = admin().await;
+    let ns = namespace(&client, "dns-timeout").await;
+    let out = tempfile::tempdir().unwrap();
+    let cmd = dns_pods(&client, &ns, out.path(), &["--timeout", "3s"]).await;
+    let dns = crate::support::dns::DnsServer::start();
+    dns.set(&format!("w-0.ml.{ns}.svc.cluster.local"), "10.9.0.1");
+    dns.set(&format!("w-1.ml.{ns}.svc.cluster.local"), "10.9.0.99");
+    let r = run(&mut dns.command(&cmd));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "peer worker/1 (w-1.ml.{ns}.svc.cluster.local) does not resolve to its pod IP 10.9.0.2 yet (resolves to 10.9.0.99) after 3s: is there a headless Service named ml in namespace {ns} with publishNotReadyAddresses: true (trainlet inject --address dns adds one), and does the pod's DNS reach it?"
+        )
+    );
+    assert_eq!(list_dir(out.path()), Vec::<String>::new());
+}

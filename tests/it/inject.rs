@@ -503,3 +503,52 @@ async fn an_injected_guaranteed_pod_stays_guaranteed() {
     assert_eq!(injected.code, 0, "{}", injected.stderr);
     assert_eq!(qos_class(&ns, &injected.stdout), "Burstable");
 }
+
+/// `--address dns`: the API server accepts the headless Service inject adds (no ports,
+/// `clusterIP: None`, `publishNotReadyAddresses`) and the Job's subdomain it sets.
+#[tokio::test]
+async fn the_api_server_accepts_the_headless_service_of_address_dns() {
+    let client = admin().await;
+    let ns = namespace(&client, "inject-dns").await;
+    let input = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: mnist
+spec:
+  completionMode: Indexed
+  completions: 2
+  parallelism: 2
+  template:
+    metadata:
+      labels:
+        app: mnist
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: train
+          image: registry.example.com/train:1
+          command: [python, train.py]
+";
+    let injected = inject_stdin(&["--job", "worker=app=mnist", "--address", "dns"], input);
+    assert_eq!(injected.code, 0, "{}", injected.stderr);
+    assert!(
+        injected.stderr.contains(
+            "trainlet: note: stdin: document 2 (v1 Service \"mnist\"): added: the DNS names of the pods of batch/v1 Job \"mnist\" need a headless Service (--address dns)\n"
+        ),
+        "{}",
+        injected.stderr
+    );
+    let applied = server_dry_run(&ns, &injected.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let items = applied["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{applied}");
+    assert_eq!(
+        items[0]["spec"]["template"]["spec"]["subdomain"],
+        serde_json::json!("mnist")
+    );
+    let svc = &items[1];
+    assert_eq!(svc["kind"], "Service");
+    assert_eq!(svc["metadata"]["name"], "mnist");
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(svc["spec"]["selector"], serde_json::json!({"app": "mnist"}));
+}

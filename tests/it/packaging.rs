@@ -512,8 +512,18 @@ async fn an_injected_statefulset_really_resolves_dns_addresses() {
         pending_in_init(&kubelet, &pod, &format!("10.9.0.{}", 10 - index)).await;
         created.push(pod);
     }
+    // Init waits until each name resolves to its pod IP: a DNS server of the test's
+    // plays the cluster DNS.
+    let dns = crate::support::dns::DnsServer::start();
+    for index in 0..3 {
+        dns.set(
+            &format!("mnist-{index}.mnist.{ns}.svc.cluster.local"),
+            &format!("10.9.0.{}", 10 - index),
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
-    let results = run_init_containers(&client, &ns, &created, dir.path()).await;
+    let results =
+        run_init_containers_via(&client, &ns, &created, dir.path(), &|c| dns.command(&c)).await;
     let cluster = format!(
         r#"{{"worker":["mnist-0.mnist.{ns}.svc.cluster.local:8470","mnist-1.mnist.{ns}.svc.cluster.local:8470","mnist-2.mnist.{ns}.svc.cluster.local:8470"]}}"#
     );

@@ -9,6 +9,7 @@ pub use parts::METRICS_PORT_NAME;
 mod own;
 mod parts;
 mod policy;
+mod service;
 mod template;
 mod wrapper;
 
@@ -170,6 +171,7 @@ pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
     let mut doc = 0;
     let mut wrapped = 0;
     let mut containers_seen: Vec<String> = Vec::new();
+    let mut services = service::Services::default();
     for chunk in yaml::split_documents(src) {
         if chunk.text.trim().is_empty() {
             continue;
@@ -191,6 +193,7 @@ pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
                 notes: &mut out.notes,
                 wrapped: &mut wrapped,
                 containers_seen: &mut containers_seen,
+                services: &mut services,
             };
             ctx.document(&mut new)?;
             changed |= new != *node;
@@ -217,6 +220,15 @@ pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
                 containers_seen.join(", ")
             },
         });
+    }
+    if service::dns(&cfg.init_args) {
+        for (service, what, text) in services.missing() {
+            if let Some(node) = service {
+                parts.push(yaml::emit(&node));
+                doc += 1;
+            }
+            out.notes.push(Note { doc, what, text });
+        }
     }
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
@@ -245,6 +257,7 @@ struct Ctx<'a> {
     notes: &'a mut Vec<Note>,
     wrapped: &'a mut usize,
     containers_seen: &'a mut Vec<String>,
+    services: &'a mut service::Services,
 }
 
 /// `batch/v1 Job "mnist-ps"`, for notes and errors.
@@ -335,6 +348,9 @@ impl Ctx<'_> {
             return Ok(());
         }
         if template_path(av, kind).is_none() && !is_jobset(av, kind) {
+            if (av, kind) == ("v1", "Service") {
+                self.services.saw_service(node);
+            }
             self.note(what, "no pod template; passed through unchanged");
             return Ok(());
         }
@@ -399,6 +415,9 @@ impl Ctx<'_> {
             return self.jobset(node, what);
         }
         let Some(path) = template_path(av, kind) else {
+            if (av, kind) == ("v1", "Service") {
+                self.services.saw_service(node);
+            }
             self.note(what, "no pod template; passed through unchanged");
             return Ok(false);
         };
@@ -418,6 +437,11 @@ impl Ctx<'_> {
             }
         }
         self.pod_template(template, &what)?;
+        if service::dns(&self.cfg.init_args)
+            && let Some(n) = self.services.saw_workload(&whole, template, &what)
+        {
+            self.note(what.clone(), n);
+        }
         if self.cfg.failure_policy
             && is_job
             && let Some(job_spec) = descend(node, &["spec"])

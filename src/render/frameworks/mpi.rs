@@ -50,6 +50,7 @@ mod tests {
             node: None,
             uid: format!("u{i}"),
             namespace: "ns".into(),
+            pod_ip: None,
         };
         c.tasks.insert(
             "worker".into(),

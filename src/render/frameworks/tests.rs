@@ -16,6 +16,7 @@ fn cluster(types: &[(&str, &[&str])]) -> Cluster {
                 node: None,
                 uid: format!("uid-{t}-{i}"),
                 namespace: "ns".into(),
+                pod_ip: None,
             })
             .collect();
         c.tasks.insert(t.to_string(), peers);

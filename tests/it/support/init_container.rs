@@ -140,6 +140,18 @@ pub async fn run_init_containers(
     pods: &[Pod],
     dir: &Path,
 ) -> Vec<(String, Run, PathBuf)> {
+    run_init_containers_via(client, ns, pods, dir, &|c| c).await
+}
+
+/// [`run_init_containers`], each command run through `via` (e.g. with a DNS server of
+/// the test's as its resolver: [`super::dns::DnsServer::command`]).
+pub async fn run_init_containers_via(
+    client: &kube::Client,
+    ns: &str,
+    pods: &[Pod],
+    dir: &Path,
+    via: &dyn Fn(Command) -> Command,
+) -> Vec<(String, Run, PathBuf)> {
     let kc = sa_kubeconfig(client, ns, "trainlet", dir).await;
     let mut handles = Vec::new();
     for pod in pods {
@@ -149,7 +161,7 @@ pub async fn run_init_containers(
         );
         let volume = dir.join(pod.name_any());
         std::fs::create_dir(&volume).unwrap();
-        let mut cmd = init_command(pod, &volume, &kc);
+        let mut cmd = via(init_command(pod, &volume, &kc));
         let h = tokio::task::spawn_blocking(move || {
             let mut last = None;
             for _ in 0..10 {

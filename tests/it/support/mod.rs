@@ -14,6 +14,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod dns;
 pub mod identity;
 pub mod init_container;
 pub mod jobs;
