@@ -87,14 +87,15 @@ pub struct Lines {
 /// The size of each line-structured stream.
 const LINES_BYTES: u64 = 256 << 20;
 
-/// A file of `bytes` of lines `line_bytes` long, newline included, each a step.
+/// A file of lines `line_bytes` long, newline included, each a step: as many as fit
+/// in `bytes` (so its size is a multiple of `line_bytes`).
 fn line_file(line_bytes: usize, bytes: u64) -> tempfile::NamedTempFile {
     use std::io::Write;
     let mut f = tempfile::NamedTempFile::new().unwrap();
     let mut w = std::io::BufWriter::new(f.as_file_mut());
     let mut written = 0u64;
     let mut step = 0u64;
-    while written < bytes {
+    while written + line_bytes as u64 <= bytes {
         let mut line = format!("step {step} loss 0.4213 lr 0.0003 ");
         line.truncate(line_bytes - 1);
         while line.len() < line_bytes - 1 {
@@ -243,6 +244,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     let mut lines = Vec::new();
     for line_bytes in [64, 200] {
         let file = line_file(line_bytes, LINES_BYTES);
+        let size = file.as_file().metadata().unwrap().len();
         let cat = ["cat".to_string(), file.path().display().to_string()];
         for (pattern, exec) in [(true, &prefix), (false, &without)] {
             let (mut d, mut e) = (Vec::new(), Vec::new());
@@ -255,7 +257,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             lines.push(Lines {
                 line_bytes,
                 pattern,
-                bytes: LINES_BYTES,
+                bytes: size,
                 ratio: median(&e) / median(&d),
                 direct_gib_s: d,
                 exec_gib_s: e,
