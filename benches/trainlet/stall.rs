@@ -249,10 +249,8 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         for (pattern, exec) in [(true, &prefix), (false, &without)] {
             let (mut d, mut e) = (Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
-                d.push(tokio::task::block_in_place(|| pass_through(None, &cat, LINES_BYTES)).0);
-                e.push(
-                    tokio::task::block_in_place(|| pass_through(Some(exec), &cat, LINES_BYTES)).0,
-                );
+                d.push(tokio::task::block_in_place(|| pass_through(None, &cat, size)).0);
+                e.push(tokio::task::block_in_place(|| pass_through(Some(exec), &cat, size)).0);
             }
             lines.push(Lines {
                 line_bytes,

@@ -13,6 +13,7 @@
 pub mod args;
 pub mod defaults;
 pub mod explain;
+pub mod inject_args;
 pub mod lower;
 pub mod reference;
 pub mod values;
@@ -29,9 +30,8 @@ mod inject_tests;
 use clap::{Parser, Subcommand};
 
 use crate::flags;
-use args::{
-    ExecArgs, GpusArgs, InitArgs, InjectArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs,
-};
+use args::{ExecArgs, GpusArgs, InitArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs};
+use inject_args::InjectArgs;
 use values::Logs;
 
 /// trainlet: every process of a distributed training job (PyTorch, JAX, MPI,

@@ -1,6 +1,6 @@
 //! `trainlet inject`: the flags into an `InjectConfig`, then manifests in, manifests out.
 
-use crate::cli::args::InjectArgs;
+use crate::cli::inject_args::InjectArgs;
 use crate::cli::lower;
 use crate::{Exit, Failure, inject};
 

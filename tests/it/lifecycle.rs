@@ -1053,6 +1053,39 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
     delete_namespace(&client, &ns).await;
 }
 
+/// Rank 0's pod (`names[0]`) published exactly one `Stalled` Event, whose note
+/// `stalled` accepts, and restarted once with `own_restart`; every other pod published
+/// no stall and restarted once for rank 0's.
+async fn rank_0s_stall_restarted_the_group(
+    client: &kube::Client,
+    ns: &str,
+    names: &[String],
+    stalled: impl Fn(&str) -> bool,
+    own_restart: &str,
+) {
+    let w0 = warnings_of(client, ns, &names[0]).await;
+    let notes: Vec<&str> = w0
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert!(notes.len() == 1 && stalled(notes[0]), "{w0:?}");
+    assert_eq!(restarting(&w0), [own_restart]);
+    let want = format!(
+        "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+        names[0]
+    );
+    for name in &names[1..] {
+        let w = warnings_of(client, ns, name).await;
+        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
+        let notes = restarting(&w);
+        assert!(
+            notes.len() == 1 && notes[0].starts_with(&want),
+            "{name}: {notes:?}"
+        );
+    }
+}
+
 /// Every rank hangs from its start (the usual hang at the rendezvous), before the later
 /// pods have even started: no pod of the job makes progress, so rank 0's pod says the
 /// job is stalled, once, and every pod's CMD restarts once for it; the stall began
@@ -1083,37 +1116,19 @@ async fn without_credentials_a_job_hung_from_its_start_restarts_every_pods_comma
             "{name}"
         );
     }
-    let w0 = warnings_of(&client, &ns, &names[0]).await;
-    let stalled: Vec<&str> = w0
-        .iter()
-        .filter(|(r, _)| r == "Stalled")
-        .map(|(_, n)| n.as_str())
-        .collect();
-    assert_eq!(stalled.len(), 1, "{w0:?}");
-    assert!(
-        stalled[0].starts_with("no progress for 5s; no progress output yet; CMD used ")
-            && stalled[0]
-                .ends_with("% of a core over the window; no pod of the job made progress either"),
-        "{}",
-        stalled[0]
-    );
-    assert_eq!(
-        restarting(&w0),
-        ["restarting sh (1 of 3) in 1s: no pod of the job made progress for 5s"]
-    );
-    for name in [&names[1], &names[2]] {
-        let w = warnings_of(&client, &ns, name).await;
-        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
-        let notes = restarting(&w);
-        let want = format!(
-            "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
-            names[0]
-        );
-        assert!(
-            notes.len() == 1 && notes[0].starts_with(&want),
-            "{name}: {notes:?}"
-        );
-    }
+    rank_0s_stall_restarted_the_group(
+        &client,
+        &ns,
+        &names,
+        |note| {
+            note.starts_with("no progress for 5s; no progress output yet; CMD used ")
+                && note.ends_with(
+                    "% of a core over the window; no pod of the job made progress either",
+                )
+        },
+        "restarting sh (1 of 3) in 1s: no pod of the job made progress for 5s",
+    )
+    .await;
     delete_namespace(&client, &ns).await;
 }
 
@@ -1184,35 +1199,14 @@ async fn without_credentials_ranks_that_never_print_are_silent_and_rank_0s_stall
     for (p, name) in pods.iter().zip(&names) {
         assert_eq!(p.starts.read().len(), 2, "{name}");
     }
-    let w0 = warnings_of(&client, &ns, &names[0]).await;
-    let stalled: Vec<&str> = w0
-        .iter()
-        .filter(|(r, _)| r == "Stalled")
-        .map(|(_, n)| n.as_str())
-        .collect();
-    assert_eq!(stalled.len(), 1, "{w0:?}");
-    assert!(
-        stalled[0].starts_with("no progress for 2s; last output \"tick\"; CMD used "),
-        "{}",
-        stalled[0]
-    );
-    assert_eq!(
-        restarting(&w0),
-        ["restarting sh (1 of 3) in 1s: main made no progress for 2s"]
-    );
-    for name in [&names[1], &names[2]] {
-        let w = warnings_of(&client, &ns, name).await;
-        assert!(w.iter().all(|(r, _)| r != "Stalled"), "{name}: {w:?}");
-        let notes = restarting(&w);
-        let want = format!(
-            "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
-            names[0]
-        );
-        assert!(
-            notes.len() == 1 && notes[0].starts_with(&want),
-            "{name}: {notes:?}"
-        );
-    }
+    rank_0s_stall_restarted_the_group(
+        &client,
+        &ns,
+        &names,
+        |note| note.starts_with("no progress for 2s; last output \"tick\"; CMD used "),
+        "restarting sh (1 of 3) in 1s: main made no progress for 2s",
+    )
+    .await;
     delete_namespace(&client, &ns).await;
 }
 

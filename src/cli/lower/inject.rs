@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use super::super::args::{ClusterArgs, InjectArgs, OutputArgs};
+use super::super::args::{ClusterArgs, OutputArgs};
 use super::super::defaults;
+use super::super::inject_args::InjectArgs;
 use super::super::values::{Flag, Framework};
 use super::{cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
