@@ -58,12 +58,10 @@ impl Lines {
         Release::Held
     }
 
-    /// CMD's chunk was written; what exec held is written after it if the chunk ended
-    /// a line.
-    pub fn cmd_chunk(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if let Some(last) = chunk.last() {
-            self.mid_line = !matches!(last, b'\n' | b'\r');
-        }
+    /// CMD's chunk, ending in `last`, was written; what exec held is written after it
+    /// if the chunk ended a line.
+    pub fn cmd_chunk(&mut self, last: u8) -> Vec<u8> {
+        self.mid_line = !matches!(last, b'\n' | b'\r');
         if self.mid_line || self.held.is_empty() {
             return Vec::new();
         }
@@ -133,12 +131,13 @@ impl Gate {
     }
 
     /// Writes CMD's chunk with `write` under the gate, then what exec held if the
-    /// chunk ended a line. `write` gets exclusive use of stderr.
-    pub fn write_cmd<T>(&self, write: impl FnOnce() -> (T, Option<Vec<u8>>)) -> T {
+    /// chunk ended a line. `write` gets exclusive use of stderr, and returns the last
+    /// byte it wrote.
+    pub fn write_cmd<T>(&self, write: impl FnOnce() -> (T, Option<u8>)) -> T {
         let mut lines = self.lock();
-        let (out, chunk) = write();
-        if let Some(chunk) = chunk {
-            let held = lines.cmd_chunk(&chunk);
+        let (out, last) = write();
+        if let Some(last) = last {
+            let held = lines.cmd_chunk(last);
             write_stderr(&held);
         }
         out
@@ -223,17 +222,17 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Lines::default();
         assert_eq!(l.exec_line(b"a\n", t0), Release::Now(b"a\n".to_vec()));
-        assert_eq!(l.cmd_chunk(b"trainer: error:"), b"");
+        assert_eq!(l.cmd_chunk(b':'), b"");
         assert_eq!(l.exec_line(b"WARN x\n", t0), Release::Held);
         assert_eq!(l.exec_line(b"WARN y\n", t0), Release::Held);
         // Still inside the line.
-        assert_eq!(l.cmd_chunk(b" disk"), b"");
+        assert_eq!(l.cmd_chunk(b'k'), b"");
         assert_eq!(l.overdue(t0 + HOLD / 2, false), b"");
         // CMD ends its line: the held lines follow it.
-        assert_eq!(l.cmd_chunk(b" full\n"), b"WARN x\nWARN y\n");
+        assert_eq!(l.cmd_chunk(b'\n'), b"WARN x\nWARN y\n");
         assert_eq!(l.exec_line(b"b\n", t0), Release::Now(b"b\n".to_vec()));
         // A progress bar's carriage return ends a line too.
-        assert_eq!(l.cmd_chunk(b"10%|##|\r"), b"");
+        assert_eq!(l.cmd_chunk(b'\r'), b"");
         assert_eq!(l.exec_line(b"c\n", t0), Release::Now(b"c\n".to_vec()));
     }
 
@@ -241,7 +240,7 @@ mod tests {
     fn a_line_cmd_never_ends_releases_exec_after_hold_on_a_line_of_its_own() {
         let t0 = Instant::now();
         let mut l = Lines::default();
-        l.cmd_chunk(b"Loading...");
+        l.cmd_chunk(b'.');
         assert_eq!(l.exec_line(b"WARN x\n", t0), Release::Held);
         assert_eq!(l.deadline(), Some(t0 + HOLD));
         assert_eq!(l.overdue(t0 + HOLD, false), b"\nWARN x\n");
@@ -249,7 +248,7 @@ mod tests {
         assert_eq!(l.exec_line(b"y\n", t0), Release::Now(b"y\n".to_vec()));
         assert_eq!(l.deadline(), None);
         // CMD's output ended inside a line: forced out.
-        l.cmd_chunk(b"partial");
+        l.cmd_chunk(b'l');
         assert_eq!(l.exec_line(b"z\n", t0), Release::Held);
         assert_eq!(l.overdue(t0, true), b"\nz\n");
     }
@@ -258,7 +257,7 @@ mod tests {
     fn what_is_held_is_bounded() {
         let t0 = Instant::now();
         let mut l = Lines::default();
-        l.cmd_chunk(b"no end");
+        l.cmd_chunk(b'd');
         let line = vec![b'x'; 1024];
         let mut released = None;
         for _ in 0..=MAX_HELD / 1024 {

@@ -129,14 +129,18 @@ pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: &Watch) {
     let mut tee = true;
     loop {
         if writable && tee {
-            if let Err(e) = readable(&pipe) {
+            // stderr goes through the gate, which a tee waiting for CMD must not hold:
+            // wait first, then tee what is there without waiting. stdout tees and
+            // waits in one call.
+            let gated = matches!(to, Stream::Stderr);
+            if gated && let Err(e) = readable(&pipe) {
                 debug!("waiting for CMD's {to:?}: {e}");
                 return;
             }
-            let teed = through(to, || match tee_out(&pipe, to) {
+            let teed = through(to, || match tee_out(&pipe, to, gated) {
                 Ok(0) => (Ok(0), None),
                 Ok(n) => match read_exactly(&mut pipe, &mut buf[..n]) {
-                    Ok(()) => (Ok(n), Some(buf[..n].to_vec())),
+                    Ok(()) => (Ok(n), Some(buf[n - 1])),
                     Err(e) => (Err(Teed::Read(e)), None),
                 },
                 Err(e) => (Err(Teed::Write(e)), None),
@@ -178,7 +182,7 @@ pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: &Watch) {
         };
         let chunk = &buf[..n];
         if writable {
-            match through(to, || (write_all(to, chunk), Some(chunk.to_vec()))) {
+            match through(to, || (write_all(to, chunk), chunk.last().copied())) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return closed(to),
                 Err(e) => {
@@ -206,8 +210,9 @@ fn closed(to: Stream) {
 }
 
 /// Writes CMD's chunk: stderr through the gate that keeps exec's own log lines between
-/// CMD's lines ([`crate::stderr_gate`]), stdout directly.
-fn through<T>(to: Stream, write: impl FnOnce() -> (T, Option<Vec<u8>>)) -> T {
+/// CMD's lines ([`crate::stderr_gate`]), stdout directly. `write` returns the chunk's
+/// last byte, where it wrote one.
+fn through<T>(to: Stream, write: impl FnOnce() -> (T, Option<u8>)) -> T {
     match to {
         Stream::Stderr => crate::stderr_gate::stderr().write_cmd(write),
         Stream::Stdout => write().0,
@@ -246,15 +251,20 @@ fn writable_out(to: Stream) -> nix::Result<()> {
     }
 }
 
-/// Duplicates what the pipe holds (up to a chunk) into exec's stream; [`readable`]
-/// waited for it, so this does not wait for CMD.
-fn tee_out(pipe: &impl AsFd, to: Stream) -> nix::Result<usize> {
+/// Duplicates what the pipe holds (up to a chunk) into exec's stream: waiting for CMD
+/// and for room, or (`nonblock`, after [`readable`]) neither.
+fn tee_out(pipe: &impl AsFd, to: Stream, nonblock: bool) -> nix::Result<usize> {
     let (out, err) = (std::io::stdout(), std::io::stderr());
     let fd = match to {
         Stream::Stdout => out.as_fd(),
         Stream::Stderr => err.as_fd(),
     };
-    nix::fcntl::tee(pipe, fd, CHUNK, nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK)
+    let flags = if nonblock {
+        nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK
+    } else {
+        nix::fcntl::SpliceFFlags::empty()
+    };
+    nix::fcntl::tee(pipe, fd, CHUNK, flags)
 }
 
 /// The bytes tee(2) just duplicated: they are in the pipe, and exec is its only
