@@ -402,6 +402,11 @@ pub fn owner_verdict(owner: &Owner, rows: &[PodRow]) -> Option<(State, String)> 
         ));
     }
     if owner.complete {
+        // Its pods all there and succeeded: they say so, as a Job whose pods are read.
+        let (state, line) = verdict(what, rows);
+        if state == State::Completed {
+            return Some((state, line));
+        }
         return Some((State::Completed, format!("{what}: completed{left}")));
     }
     if owner.suspended {

@@ -383,6 +383,15 @@ fn a_running_job_is_judged_by_its_pods_and_a_finished_one_by_its_conditions() {
         (view("", Some(&complete), &[], &[], TODAY).verdict),
         "JobSet mnist: completed"
     );
+    // Complete, with its pods there and succeeded (the README's quickstart): they say so.
+    let done = [
+        pod("w-0", "Succeeded", healthy("worker/0"), json!({})),
+        pod("w-1", "Succeeded", healthy("worker/1"), json!({})),
+    ];
+    assert_eq!(
+        view("", Some(&complete), &done, &[], TODAY).verdict,
+        "JobSet mnist: completed: 2 pods succeeded"
+    );
     // A condition that is not True says nothing.
     let not_yet = Owner::of(
         Kind::Job,
