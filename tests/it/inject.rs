@@ -435,37 +435,7 @@ fn without_custom_resources(yaml: &str) -> String {
 
 /// The QoS class the API server gives a Pod, from a server-side dry run.
 fn qos_class(ns: &str, pod: &str) -> String {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args([
-            "create",
-            "--dry-run=server",
-            "-n",
-            ns,
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(pod.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let created = server_dry_run(ns, pod).unwrap_or_else(|e| panic!("{e}"));
     created["status"]["qosClass"].as_str().unwrap().to_string()
 }
 
