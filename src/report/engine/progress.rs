@@ -138,10 +138,7 @@ impl Engine {
             w.cpu.pop_front();
         }
         let progress = w.watch.progress();
-        let job = JobView {
-            speaks_for_job: w.speaks_for_job,
-            peer_progress: None,
-        };
+        let speaks_for_job = w.speaks_for_job;
         let Some(stall) = w.stall.as_ref() else {
             self.set_progress_metrics(&progress, None);
             return;
@@ -152,8 +149,8 @@ impl Engine {
             return;
         }
         let job = JobView {
+            speaks_for_job,
             peer_progress: self.peer_progress(),
-            ..job
         };
         let w = self.progress.as_mut().expect("checked above");
         let stall = w.stall.as_mut().expect("checked above");
