@@ -250,7 +250,7 @@ fn stall_table(s: &mut String, v: &Value) {
     };
     let _ = writeln!(
         s,
-        "\n**The stall watch: output through exec** (1 GiB of CMD's stdout into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m --progress-pattern`, alternating; exec's added CPU and peak RSS, from `/usr/bin/time`):\n"
+        "\n**The stall watch: output through exec** (1 GiB of CMD's stdout into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m --progress-pattern`, each side first in every other round; exec's added CPU and peak RSS, from `/usr/bin/time`):\n"
     );
     let _ = writeln!(
         s,
@@ -271,7 +271,7 @@ fn stall_table(s: &mut String, v: &Value) {
     );
     let _ = writeln!(
         s,
-        "\n**The stall watch: lines through exec** (256 MiB of lines of 64 or 200 bytes from `cat` into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m`, with and without `--progress-pattern 'step (\\d+)'`, which every line matches; alternating):\n"
+        "\n**The stall watch: lines through exec** (256 MiB of lines of 64 or 200 bytes from `cat` into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m`, with and without `--progress-pattern 'step (\\d+)'`, which every line matches; each side first in every other round):\n"
     );
     let _ = writeln!(
         s,

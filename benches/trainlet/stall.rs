@@ -3,18 +3,19 @@
 //! - **Pass-through.** CMD writes 1 GiB to stdout (`dd if=/dev/zero bs=1M`); the
 //!   harness reads it from a pipe in 1 MiB reads and throws it away. Directly, and
 //!   through `trainlet exec --report --stall-after 10m` with `--progress-pattern` (every
-//!   byte passes through exec and its lines are scanned), alternately, [`ROUNDS`]
-//!   times each. Throughput is from the first byte to the end of the stream, so
-//!   exec's start (the API server, the first report) is not counted; the ratio is
-//!   exec's median over the direct median (target ≥ 0.9). Every run is under
+//!   byte passes through exec and its lines are scanned), [`ROUNDS`] rounds of one run
+//!   each, the side that runs first alternating round by round. Throughput is from
+//!   the first byte to the end of the stream, so exec's start (the API server, the
+//!   first report) is not counted; the ratio is exec's median over the direct median
+//!   (target ≥ 0.9). Every run is under
 //!   `/usr/bin/time`: exec's added CPU per GiB is the CPU of a run through exec, less
 //!   dd's alone and less exec's with a CMD that writes nothing; the peak RSS of the
 //!   two shows that the stream does not grow exec's memory.
 //! - **Lines.** What trainers print: lines of 64 and of 200 bytes (`step N loss …`),
 //!   256 MiB of each from a file (`cat`), directly and through exec with and without
-//!   `--progress-pattern 'step (\d+)'` (which every line matches), alternating,
-//!   [`ROUNDS`] times each; the target is the same ratio. exec looks at a chunk's
-//!   lines from its end and stops at the last that is progress.
+//!   `--progress-pattern 'step (\d+)'` (which every line matches), [`ROUNDS`] rounds
+//!   alike; the target is the same ratio. exec looks at a chunk's lines from its end
+//!   and stops at the last that is progress.
 //! - **Hang to group restart.** Three pods, each `trainlet exec --stall-after 5s
 //!   --on-stall restart --interval 1s --restart-backoff 1s` with credentials, CMD
 //!   printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
@@ -34,7 +35,7 @@ use serde::Serialize;
 use crate::support::{self, Kubelet, pod};
 
 /// Runs of each way, alternating.
-pub const ROUNDS: usize = 3;
+pub const ROUNDS: usize = 7;
 const GIB: u64 = 1 << 30;
 pub const TARGET_RATIO: f64 = 0.9;
 const STALL_AFTER_S: f64 = 5.0;
@@ -174,6 +175,16 @@ fn pass_through(exec: Option<&[String]>, writer: &[String], bytes: u64) -> (f64,
     (rate, (v[0] + v[1]) * 1000.0, v[2] as u64)
 }
 
+/// Whether exec's side runs first or second in a round: second in even rounds, first
+/// in odd ones.
+fn first_then_second(round: usize) -> [bool; 2] {
+    if round % 2 == 0 {
+        [false, true]
+    } else {
+        [true, false]
+    }
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -221,14 +232,21 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     .to_vec();
     let (mut direct, mut through) = (Vec::new(), Vec::new());
     let (mut dd_cpu, mut exec_cpu, mut hwm) = (Vec::new(), Vec::new(), 0);
-    for _ in 0..ROUNDS {
-        let (r, c, _) = tokio::task::block_in_place(|| pass_through(None, &dd(GIB), GIB));
-        direct.push(r);
-        dd_cpu.push(c);
-        let (r, c, h) = tokio::task::block_in_place(|| pass_through(Some(&prefix), &dd(GIB), GIB));
-        through.push(r);
-        exec_cpu.push(c);
-        hwm = hwm.max(h);
+    for round in 0..ROUNDS {
+        // Which side runs first alternates: neither gets the warmer caches every time.
+        for exec_side in first_then_second(round) {
+            if exec_side {
+                let (r, c, h) =
+                    tokio::task::block_in_place(|| pass_through(Some(&prefix), &dd(GIB), GIB));
+                through.push(r);
+                exec_cpu.push(c);
+                hwm = hwm.max(h);
+            } else {
+                let (r, c, _) = tokio::task::block_in_place(|| pass_through(None, &dd(GIB), GIB));
+                direct.push(r);
+                dd_cpu.push(c);
+            }
+        }
     }
     let mut empty_cpu = Vec::new();
     let mut empty_hwm = 0;
@@ -248,9 +266,16 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         let cat = ["cat".to_string(), file.path().display().to_string()];
         for (pattern, exec) in [(true, &prefix), (false, &without)] {
             let (mut d, mut e) = (Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
-                d.push(tokio::task::block_in_place(|| pass_through(None, &cat, size)).0);
-                e.push(tokio::task::block_in_place(|| pass_through(Some(exec), &cat, size)).0);
+            for round in 0..ROUNDS {
+                for exec_side in first_then_second(round) {
+                    if exec_side {
+                        e.push(
+                            tokio::task::block_in_place(|| pass_through(Some(exec), &cat, size)).0,
+                        );
+                    } else {
+                        d.push(tokio::task::block_in_place(|| pass_through(None, &cat, size)).0);
+                    }
+                }
             }
             lines.push(Lines {
                 line_bytes,

@@ -281,34 +281,19 @@ fn read_exactly(pipe: &mut impl Read, mut buf: &mut [u8]) -> std::io::Result<()>
     Ok(())
 }
 
-/// The chunk's last progress into the shared progress, under one lock per chunk: only
-/// the last line that is progress matters (and, when it gives no step, the last step
-/// before it), so the lines are looked at from the end and the rest is skipped.
+/// The chunk's last progress ([`LineScanner::last_progress`]) into the shared
+/// progress, under one lock per chunk.
 fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
-    let mut last: Option<String> = None;
-    let mut step = None;
-    let mut stepped = false;
-    scanner.feed_rev(chunk, |line| {
-        let Some(s) = watch.pattern.progress(line) else {
-            return false;
-        };
-        if last.is_none() {
-            last = Some(super::progress::quote(line));
-            stepped = s.is_some();
-        }
-        step = s;
-        step.is_some()
-    });
-    let Some(line) = last else {
+    let Some(last) = scanner.last_progress(chunk, &watch.pattern) else {
         return;
     };
     if let Ok(mut p) = watch.progress.lock() {
         p.at = Some(SystemTime::now());
-        if step.is_some() {
-            p.step = step;
+        if last.step.is_some() {
+            p.step = last.step;
         }
-        p.stepped = stepped;
-        p.line = line;
+        p.stepped = last.stepped;
+        p.line = last.line;
     }
 }
 

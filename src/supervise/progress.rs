@@ -86,6 +86,44 @@ impl LineScanner {
     }
 }
 
+/// What one chunk of CMD's output says of its progress: its last progress line and
+/// the step, from that line or the last line before it in the chunk that gives one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkProgress {
+    /// The last progress line, quoted ([`quote`]).
+    pub line: String,
+    pub step: Option<f64>,
+    /// Whether the last progress line gave the step itself.
+    pub stepped: bool,
+}
+
+impl LineScanner {
+    /// The chunk's last progress, looking at its lines from the end: it stops at the
+    /// last progress line when that gives a step or no line can (no pattern, or one
+    /// without a group), else at the line before it that does.
+    pub fn last_progress(&mut self, chunk: &[u8], pattern: &Pattern) -> Option<ChunkProgress> {
+        let mut last: Option<ChunkProgress> = None;
+        let steps = pattern.has_steps();
+        self.feed_rev(chunk, |line| {
+            let Some(s) = pattern.progress(line) else {
+                return false;
+            };
+            match &mut last {
+                None => {
+                    last = Some(ChunkProgress {
+                        line: quote(line),
+                        step: s,
+                        stepped: s.is_some(),
+                    })
+                }
+                Some(p) => p.step = s,
+            }
+            s.is_some() || !steps
+        });
+        last
+    }
+}
+
 /// Which lines are progress: every line, or those a pattern matches.
 #[derive(Debug, Clone, Default)]
 pub struct Pattern(Option<Regex>);
@@ -104,6 +142,11 @@ impl Pattern {
                     .to_string()
             }),
         }
+    }
+
+    /// Whether a line can give a step: the pattern has a group.
+    pub fn has_steps(&self) -> bool {
+        self.0.as_ref().is_some_and(|re| re.captures_len() > 1)
     }
 
     /// `None` when the line is no progress; else the step, when the pattern's first

@@ -364,3 +364,61 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_chunks_last_progress_is_its_last_progress_line_with_the_last_step_before_it() {
+    let steps = Pattern::new(Some(r"step (\d+)|eval")).unwrap();
+    let mut s = LineScanner::default();
+    assert_eq!(
+        s.last_progress(b"step 3 loss 1\nloading\neval\nnoise\n", &steps),
+        Some(ChunkProgress {
+            line: "eval".into(),
+            step: Some(3.0),
+            stepped: false
+        })
+    );
+    let any = Pattern::new(None).unwrap();
+    assert_eq!(
+        s.last_progress(b"a\nb\nc\nhalf", &any),
+        Some(ChunkProgress {
+            line: "c".into(),
+            step: None,
+            stepped: false
+        })
+    );
+    // The line the chunk before began ends here.
+    assert_eq!(
+        s.last_progress(b" done\n", &any).map(|p| p.line),
+        Some("half done".into())
+    );
+    assert_eq!(s.last_progress(b"loading\n", &steps), None);
+}
+
+#[test]
+fn without_a_group_no_line_gives_a_step_so_the_last_line_is_enough() {
+    assert!(!Pattern::new(None).unwrap().has_steps());
+    assert!(!Pattern::new(Some("eval")).unwrap().has_steps());
+    assert!(Pattern::new(Some(r"step (\d+)")).unwrap().has_steps());
+}
+
+proptest! {
+    /// Looking from the end finds what reading every line in order would.
+    #[test]
+    fn a_chunks_last_progress_is_what_reading_it_in_order_gives(
+        picks in prop::collection::vec(0usize..5, 0..40),
+        pattern in prop::sample::select(vec![None, Some(r"step (\d+)|eval"), Some("eval")]),
+    ) {
+        const LINES: [&str; 5] = ["step 1", "step 22", "eval", "noise", "step x"];
+        let chunk: String = picks.iter().map(|&i| format!("{}\n", LINES[i])).collect();
+        let p = Pattern::new(pattern).unwrap();
+        let mut want: Option<ChunkProgress> = None;
+        let mut step = None;
+        for &i in &picks {
+            if let Some(s) = p.progress(LINES[i].as_bytes()) {
+                step = s.or(step);
+                want = Some(ChunkProgress { line: LINES[i].into(), step, stepped: s.is_some() });
+            }
+        }
+        prop_assert_eq!(LineScanner::default().last_progress(chunk.as_bytes(), &p), want);
+    }
+}
