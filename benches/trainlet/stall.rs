@@ -178,7 +178,7 @@ fn pass_through(exec: Option<&[String]>, writer: &[String], bytes: u64) -> (f64,
 /// Whether exec's side runs first or second in a round: second in even rounds, first
 /// in odd ones.
 fn first_then_second(round: usize) -> [bool; 2] {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         [false, true]
     } else {
         [true, false]
