@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: docs all build release portable monitoring test deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench
+.PHONY: docs all build release portable monitoring test deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
 
 # The control plane of the node that tests/it/node_examples.rs starts: its own, since
 # on the shared one the node's scheduler and kubelet would take the other tests' pods.
@@ -94,6 +94,11 @@ lint:
 ## target/bench/results.json, target/bench/resolve.svg and target/bench/results-node.json.
 bench: deps
 	$(CARGO) bench --bench trainlet
+
+## docs/benchmarks.md's figures rendered from the runs kept in docs/bench/ (copy a run's
+## target/bench/*.json there first); tests/it/bench_docs.rs checks they agree.
+bench-docs:
+	TRAINLET_WRITE_DOCS=1 $(CARGO) test --test it bench_docs::
 
 ## docs/flags.md from the command-line definitions (a unit test checks it is current).
 docs:

@@ -32,7 +32,9 @@
 //!    cgroup (node.rs; `target/bench/results-node.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
-//! `target/bench/resolve.svg`.
+//! `target/bench/resolve.svg`. A run is kept by copying its JSON into docs/bench/;
+//! `make bench-docs` then renders docs/benchmarks.md's figures from the kept files
+//! (tests/it/bench_docs.rs fails while the page differs from them).
 
 // The integration tests' support code (tests/it/main.rs explains the layout): both at
 // this crate's root, as there, so `report_support` reaches `crate::support` in both.

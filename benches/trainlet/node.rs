@@ -42,8 +42,8 @@ enum Variant {
 impl Variant {
     fn label(self) -> &'static str {
         match self {
-            Variant::Trainlet => "trainlet init container",
-            Variant::HandWritten => "hand-written init container (kubectl wait + get + sh)",
+            Variant::Trainlet => crate::report::NODE_TRAINLET,
+            Variant::HandWritten => crate::report::NODE_HAND_WRITTEN,
         }
     }
     fn init(self) -> &'static str {
@@ -167,6 +167,25 @@ fn inject(kc: &Path, plain: &Value, run: &str) -> Value {
     doc
 }
 
+/// The hand-written job with the resources `trainlet inject` gives its own init
+/// container (its CPU limit above all): both sides of the comparison run under the
+/// same limits.
+fn with_inits_resources(mut plain: Value, injected: &Value) -> Value {
+    let resources = injected["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .and_then(|inits| {
+            inits.iter().find(|c| {
+                c["command"]
+                    .as_array()
+                    .is_some_and(|a| a.get(1) == Some(&json!("init")))
+            })
+        })
+        .map(|c| c["resources"].clone())
+        .expect("trainlet inject gave the job trainlet's init container");
+    plain["spec"]["template"]["spec"]["initContainers"][0]["resources"] = resources;
+    plain
+}
+
 /// The memory cgroups of the node's pods, sampled until stopped: the highest peak seen
 /// per (pod UID, container ID).
 struct Sampler {
@@ -269,7 +288,10 @@ fn round(
         let plain = plain_job(&run, role, n, variant);
         items.push(match variant {
             Variant::Trainlet => inject(kc, &plain, &run),
-            Variant::HandWritten => plain,
+            Variant::HandWritten => with_inits_resources(
+                plain,
+                &inject(kc, &plain_job(&run, role, n, Variant::Trainlet), &run),
+            ),
         });
     }
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
@@ -401,7 +423,13 @@ pub async fn run() -> Option<Value> {
     let mut last: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut memory: BTreeMap<(&str, String), Vec<u64>> = BTreeMap::new();
     for i in 0..ROUNDS {
-        for variant in [Variant::Trainlet, Variant::HandWritten] {
+        // Which variant runs first alternates round by round.
+        let order = if i % 2 == 0 {
+            [Variant::Trainlet, Variant::HandWritten]
+        } else {
+            [Variant::HandWritten, Variant::Trainlet]
+        };
+        for variant in order {
             eprintln!(
                 "bench: node, 1 ps + {WORKERS} workers, {} (round {})",
                 variant.label(),
@@ -446,6 +474,7 @@ pub async fn run() -> Option<Value> {
     let result = json!({
         "machine": crate::report::machine(),
         "commit": crate::report::commit(),
+        "command": crate::report::command(),
         "job": format!("1 ps + {WORKERS} workers (two Indexed Jobs, one kubectl apply)"),
         "rounds": ROUNDS,
         "cgroup_file": file,
@@ -466,55 +495,4 @@ pub async fn run() -> Option<Value> {
     .unwrap();
     eprintln!("bench: wrote {}/results-node.json", dir.display());
     Some(result)
-}
-
-/// The markdown of the node scenario.
-pub fn markdown(r: &Value) -> String {
-    let mut s = String::new();
-    let m = &r["median_last_written_ms"];
-    s += &format!(
-        "\n**On the real node** ({}; from `kubectl apply` to the last pod's TF_CONFIG written, median of {} runs each, alternating):\n\n",
-        r["job"].as_str().unwrap_or_default(),
-        r["rounds"]
-    );
-    s += "| init container | last TF_CONFIG written, ms (median) | each run, ms |\n|---|---|---|\n";
-    for (key, label) in [
-        ("trainlet", Variant::Trainlet.label()),
-        ("hand_written", Variant::HandWritten.label()),
-    ] {
-        let runs: Vec<String> = r["runs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| x["variant"] == label)
-            .map(|x| format!("{:.0}", x["last_written_ms"].as_f64().unwrap_or(f64::NAN)))
-            .collect();
-        s += &format!(
-            "| {label} | {:.0} | {} |\n",
-            m[key].as_f64().unwrap_or(f64::NAN),
-            runs.join(", ")
-        );
-    }
-    s += &format!(
-        "\nRatio (hand-written / trainlet): {:.1}×\n\n",
-        m["ratio_hand_written_over_trainlet"]
-            .as_f64()
-            .unwrap_or(f64::NAN)
-    );
-    s += &format!(
-        "| init container variant | container | peak memory MiB (`{}`), median / max | samples (pods × runs) |\n|---|---|---|---|\n",
-        r["cgroup_file"].as_str().unwrap_or_default()
-    );
-    for p in r["peak_memory"].as_array().into_iter().flatten() {
-        let mib = |k: &str| p[k].as_f64().unwrap_or(f64::NAN) / 1048576.0;
-        s += &format!(
-            "| {} | {} | {:.1} / {:.1} | {} |\n",
-            p["variant"].as_str().unwrap_or_default(),
-            p["container"].as_str().unwrap_or_default(),
-            mib("median_bytes"),
-            mib("max_bytes"),
-            p["samples"]
-        );
-    }
-    s
 }

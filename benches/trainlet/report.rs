@@ -38,6 +38,17 @@ pub fn machine() -> String {
     )
 }
 
+/// How this run was started: `make bench` and the `TRAINLET_BENCH_*` variables set.
+pub fn command() -> String {
+    let mut words: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("TRAINLET_BENCH_"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    words.sort();
+    words.push("make bench".into());
+    words.join(" ")
+}
+
 pub fn commit() -> String {
     std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -49,6 +60,15 @@ pub fn commit() -> String {
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// A ratio with two significant digits however small (0.0061×, not 0.00×).
+pub fn ratio(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}×");
+    }
+    let digits = (1 - x.abs().log10().floor() as i32).max(2) as usize;
+    format!("{x:.digits$}×")
 }
 
 fn mib(kib: &Value) -> String {
@@ -114,9 +134,10 @@ pub fn markdown(results: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Machine: {}. Commit: {}.\n",
+        "Machine: {}. Commit: {}. Command: `{}`.\n",
         results["machine"].as_str().unwrap_or(""),
-        results["commit"].as_str().unwrap_or("")
+        results["commit"].as_str().unwrap_or(""),
+        results["command"].as_str().unwrap_or("")
     );
     let _ = writeln!(
         s,
@@ -124,9 +145,9 @@ pub fn markdown(results: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | CPU ms per agent: trainlet / kubectl | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl |"
+        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | CPU ms per agent: trainlet / kubectl | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl | failed agents: trainlet / kubectl |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     let mut ns: Vec<u64> = results["resolve"]
         .as_array()
         .into_iter()
@@ -145,25 +166,27 @@ pub fn markdown(results: &Value) -> String {
         let k = find(results, "KubectlWait", n, 0.0).unwrap_or(&null);
         let _ = writeln!(
             s,
-            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.2}× | {:.0} / {:.0} | {} / {} | {:.2}× | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {} | {:.0} / {:.0} | {} / {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {} / {} |",
             f(&t["p50_ms"]),
             f(&t["p99_ms"]),
             f(&t["max_ms"]),
             f(&k["p50_ms"]),
             f(&k["p99_ms"]),
             f(&k["max_ms"]),
-            f(&t["p99_ms"]) / f(&k["p99_ms"]),
+            ratio(f(&t["p99_ms"]) / f(&k["p99_ms"])),
             f(&t["all_done_ms"]),
             f(&k["all_done_ms"]),
             mib(&t["rss_max_kib"]),
             mib(&k["rss_max_kib"]),
-            f(&t["rss_max_kib"]) / f(&k["rss_max_kib"]),
+            ratio(f(&t["rss_max_kib"]) / f(&k["rss_max_kib"])),
             f(&t["cpu_median_ms"]),
             f(&k["cpu_median_ms"]),
             f(&t["requests_per_agent"]),
             f(&k["requests_per_agent"]),
             f(&t["bytes_per_agent"]) / 1024.0,
             f(&k["bytes_per_agent"]) / 1024.0,
+            t["failures"],
+            k["failures"],
         );
     }
     scale_table(&mut s, results);
@@ -231,7 +254,7 @@ pub fn markdown(results: &Value) -> String {
         .and_then(Value::as_array)
         .filter(|v| !v.is_empty())
     {
-        peers_table(&mut s, v);
+        peers_table(&mut s, v, &results["peers_sample"]);
     }
     if let Some(v) = results.get("stall").filter(|v| !v.is_null()) {
         stall_table(&mut s, v);
@@ -315,11 +338,11 @@ fn stall_table(s: &mut String, v: &Value) {
 }
 
 /// Scenario 5: the reporters' peer watch, both modes, per sidecar and for the job.
-fn peers_table(s: &mut String, rows: &[Value]) {
+fn peers_table(s: &mut String, rows: &[Value], sample: &Value) {
     let _ = writeln!(
         s,
         "\n**The sidecars' peer watch** (bytes the API server sent: watch events on pods and responses to pods and Events requests; per sidecar, measured on a sample of {} sidecars; the job's total = N × a sidecar's, or coordinated the resolver's + (N − 1) × a follower's):\n",
-        crate::peers::SAMPLE + 1
+        sample
     );
     let _ = writeln!(
         s,
@@ -667,8 +690,129 @@ pub fn write(results: &Value) {
     .unwrap();
     std::fs::write(dir.join("resolve.svg"), svg(results)).unwrap();
     println!("{}", markdown(results));
+    // docs/benchmarks.md as it would read with this run kept as docs/bench/results.json.
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(repo.join("docs/benchmarks.md")).unwrap_or_default();
+    let preview = render_blocks(&page, |name| {
+        if name == "results.json" {
+            return Ok(results.clone());
+        }
+        let path = repo.join("docs/bench").join(name);
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    });
+    match preview {
+        Ok(p) => std::fs::write(dir.join("benchmarks.md"), p).unwrap(),
+        Err(e) => eprintln!("bench: no preview of docs/benchmarks.md: {e}"),
+    }
     eprintln!(
-        "bench: wrote {0}/results.json and {0}/resolve.svg",
+        "bench: wrote {0}/results.json, {0}/resolve.svg and {0}/benchmarks.md (docs/benchmarks.md with this run kept)",
         dir.display()
     );
+}
+
+/// The node scenario's variants, as its results name them.
+pub const NODE_TRAINLET: &str = "trainlet init container";
+pub const NODE_HAND_WRITTEN: &str = "hand-written init container (kubectl wait + get + sh)";
+
+/// The markdown of the node scenario.
+pub fn node_markdown(r: &Value) -> String {
+    let mut s = format!(
+        "Machine: {}. Commit: {}. Command: `{}`.\n",
+        r["machine"].as_str().unwrap_or(""),
+        r["commit"].as_str().unwrap_or(""),
+        r["command"].as_str().unwrap_or("")
+    );
+    let m = &r["median_last_written_ms"];
+    s += &format!(
+        "\n**On the real node** ({}; from `kubectl apply` to the last pod's TF_CONFIG written, median of {} runs each, alternating):\n\n",
+        r["job"].as_str().unwrap_or_default(),
+        r["rounds"]
+    );
+    s += "| init container | last TF_CONFIG written, ms (median) | each run, ms |\n|---|---|---|\n";
+    for (key, label) in [
+        ("trainlet", NODE_TRAINLET),
+        ("hand_written", NODE_HAND_WRITTEN),
+    ] {
+        let runs: Vec<String> = r["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| x["variant"] == label)
+            .map(|x| format!("{:.0}", x["last_written_ms"].as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        s += &format!(
+            "| {label} | {:.0} | {} |\n",
+            m[key].as_f64().unwrap_or(f64::NAN),
+            runs.join(", ")
+        );
+    }
+    s += &format!(
+        "\nRatio (hand-written / trainlet): {:.1}×\n\n",
+        m["ratio_hand_written_over_trainlet"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    );
+    s += &format!(
+        "| init container variant | container | peak memory MiB (`{}`), median / max | samples (pods × runs) |\n|---|---|---|---|\n",
+        r["cgroup_file"].as_str().unwrap_or_default()
+    );
+    for p in r["peak_memory"].as_array().into_iter().flatten() {
+        let mib = |k: &str| p[k].as_f64().unwrap_or(f64::NAN) / 1048576.0;
+        s += &format!(
+            "| {} | {} | {:.1} / {:.1} | {} |\n",
+            p["variant"].as_str().unwrap_or_default(),
+            p["container"].as_str().unwrap_or_default(),
+            mib("median_bytes"),
+            mib("max_bytes"),
+            p["samples"]
+        );
+    }
+    s
+}
+
+/// The start of a block of docs/benchmarks.md rendered from a kept run:
+/// `<!-- rendered from docs/bench/NAME.json -->`, up to [`BLOCK_END`].
+const BLOCK_START: &str = "<!-- rendered from docs/bench/";
+const BLOCK_END: &str = "<!-- end of rendered figures -->";
+
+/// A kept run as markdown: the node scenario's file or a whole run's.
+pub fn render(results: &Value) -> String {
+    if results.get("median_last_written_ms").is_some() {
+        node_markdown(results)
+    } else {
+        markdown(results)
+    }
+}
+
+/// `doc` with every rendered block made anew from the kept run it names (`load` reads
+/// docs/bench/NAME.json): a figure in the page is one of a kept run, never typed.
+pub fn render_blocks(
+    doc: &str,
+    load: impl Fn(&str) -> Result<Value, String>,
+) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = doc;
+    while let Some(at) = rest.find(BLOCK_START) {
+        let line_end = rest[at..]
+            .find('\n')
+            .map(|i| at + i + 1)
+            .ok_or("a rendered block's first line has no end")?;
+        let name = rest[at + BLOCK_START.len()..line_end]
+            .trim_end()
+            .strip_suffix(" -->")
+            .ok_or("a rendered block's first line does not end with ' -->'")?;
+        let end = rest[line_end..]
+            .find(BLOCK_END)
+            .map(|i| line_end + i)
+            .ok_or_else(|| format!("the block of docs/bench/{name} has no '{BLOCK_END}'"))?;
+        out.push_str(&rest[..line_end]);
+        out.push('\n');
+        out.push_str(render(&load(name)?).trim());
+        out.push_str("\n\n");
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }

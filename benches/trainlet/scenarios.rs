@@ -33,8 +33,13 @@ pub async fn run_all() {
     let mut resolves = Vec::new();
     let mut scaled = Vec::new();
     if want("resolve") {
-        for &n in &sizes {
-            for tool in [Tool::Trainlet, Tool::KubectlWait] {
+        for (i, &n) in sizes.iter().enumerate() {
+            // Which tool runs first alternates from size to size.
+            let mut tools = [Tool::Trainlet, Tool::KubectlWait];
+            if i % 2 == 1 {
+                tools.reverse();
+            }
+            for tool in tools {
                 if tool != Tool::Trainlet && !want("kubectl") {
                     continue;
                 }
@@ -71,9 +76,14 @@ pub async fn run_all() {
             .ok()
             .map(|s| s.parse().unwrap())
             .unwrap_or(512);
-        for &n in &scale {
+        for (i, &n) in scale.iter().enumerate() {
             for types in [1, 2] {
-                for tool in [Tool::TrainletCoordinated, Tool::Trainlet] {
+                // Which mode runs first alternates from one shape to the next.
+                let mut tools = [Tool::TrainletCoordinated, Tool::Trainlet];
+                if (i + types) % 2 == 0 {
+                    tools.reverse();
+                }
+                for tool in tools {
                     if tool == Tool::Trainlet && n > per_agent_max {
                         continue;
                     }
@@ -161,17 +171,19 @@ pub async fn run_all() {
     let results = json!({
         "machine": report::machine(),
         "commit": report::commit(),
+        "command": report::command(),
         "resolve": resolves,
         "scale": scaled,
         "footprint": foot,
         "sidecar": rest,
         "oom": oom_latency,
         "peers": peer_watch,
+        "peers_sample": peers::SAMPLE + 1,
         "stall": stall_watch,
         "node": on_node,
     });
     report::write(&results);
     if let Some(n) = &on_node {
-        println!("{}", node::markdown(n));
+        println!("{}", report::node_markdown(n));
     }
 }

@@ -38,6 +38,7 @@ mod support;
 mod report_support;
 
 mod architecture;
+mod bench_docs;
 mod control_plane;
 mod coordinated;
 mod frameworks;
