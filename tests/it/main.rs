@@ -53,6 +53,7 @@ mod monitoring;
 mod node_examples;
 mod node_pods;
 mod node_quickstart;
+mod node_stall;
 mod packaging;
 mod peer_watch;
 mod readme;

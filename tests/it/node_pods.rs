@@ -28,18 +28,18 @@ use crate::support::jobs::{index_of, job_pods, name_of};
 use crate::support::*;
 
 /// From `kubectl apply` to a Job's end.
-const JOB_TIMEOUT: Duration = Duration::from_secs(240);
+pub(crate) const JOB_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// The node and a namespace of its own that enforces Pod Security `restricted`, with
 /// trainlet's RBAC; None where the test may be skipped (support::node).
-struct On {
-    kc: &'static Path,
-    client: Client,
-    ns: String,
+pub(crate) struct On {
+    pub(crate) kc: &'static Path,
+    pub(crate) client: Client,
+    pub(crate) ns: String,
 }
 
 impl On {
-    async fn restricted(prefix: &str) -> Option<On> {
+    pub(crate) async fn restricted(prefix: &str) -> Option<On> {
         let kc = node()?;
         let client = client_from(kc).await;
         let ns = restricted_namespace(kc, &client, prefix).await;
@@ -53,7 +53,7 @@ impl On {
     /// `trainlet inject` of a plain Job, as a user runs it (`--job worker=<its pods>
     /// --wrap main` and `flags`), then `kubectl apply`, failing on any warning. Returns
     /// what was applied, as JSON.
-    fn inject_and_apply(&self, plain: &Value, flags: &[&str], edit: impl FnOnce(&mut Value)) {
+    pub(crate) fn inject_and_apply(&self, plain: &Value, flags: &[&str], edit: impl FnOnce(&mut Value)) {
         let mut doc = inject(self.kc, plain, flags);
         edit(&mut doc);
         apply_clean(self.kc, &self.ns, &doc);
@@ -61,7 +61,7 @@ impl On {
 
     /// Waits until the Job has ended (Complete or Failed) and returns that condition's
     /// (type, reason, message); the pods' states and logs on a timeout.
-    async fn job_end(&self, job: &str) -> (String, String, String) {
+    pub(crate) async fn job_end(&self, job: &str) -> (String, String, String) {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.ns);
         let start = Instant::now();
         loop {
@@ -91,7 +91,7 @@ impl On {
     }
 
     /// The Job's pods, by index, each the only one of its index.
-    async fn only_pods(&self, job: &str, n: usize) -> Vec<Pod> {
+    pub(crate) async fn only_pods(&self, job: &str, n: usize) -> Vec<Pod> {
         let mut pods = job_pods(&self.client, &self.ns, job).await;
         pods.sort_by_key(index_of);
         assert_eq!(
@@ -115,7 +115,7 @@ impl On {
 
     /// A container's log without trainlet's own lines (`<time>  INFO ...`): what CMD
     /// printed.
-    async fn cmd_lines(&self, pod: &str, container: &str) -> Vec<String> {
+    pub(crate) async fn cmd_lines(&self, pod: &str, container: &str) -> Vec<String> {
         self.log(pod, container, false)
             .await
             .lines()
@@ -125,7 +125,7 @@ impl On {
     }
 
     /// The Events (events.k8s.io) of this reason: (type, note, the pod they regard).
-    async fn events_of(&self, reason: &str) -> Vec<(String, String, String)> {
+    pub(crate) async fn events_of(&self, reason: &str) -> Vec<(String, String, String)> {
         let mut v: Vec<_> = events(&self.client, &self.ns)
             .await
             .into_iter()
@@ -136,7 +136,7 @@ impl On {
         v
     }
 
-    async fn done(self) {
+    pub(crate) async fn done(self) {
         delete_namespace(&self.client, &self.ns).await;
     }
 }
@@ -153,7 +153,7 @@ fn is_trainlet_line(l: &str) -> bool {
 /// before `trainlet inject`: Pod Security `restricted` (non-root, no privilege
 /// escalation, no capabilities, RuntimeDefault seccomp), `restartPolicy: Never`,
 /// `backoffLimit: 0`.
-fn plain_job(name: &str, n: usize, main: Value) -> Value {
+pub(crate) fn plain_job(name: &str, n: usize, main: Value) -> Value {
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -182,7 +182,7 @@ fn plain_job(name: &str, n: usize, main: Value) -> Value {
 
 /// The training container `main` of the test image running `command`, with a memory
 /// limit.
-fn main_container(command: &[&str], memory: &str) -> Value {
+pub(crate) fn main_container(command: &[&str], memory: &str) -> Value {
     json!({
         "name": "main",
         "image": "trainlet.test/trainer:1",
