@@ -295,7 +295,7 @@ fn expected_ranks(n: usize, rest: &str) -> Vec<String> {
 /// with the gloo backend; every process has its pod's rank and the same sum.
 #[tokio::test]
 async fn pytorch_forms_a_cluster_from_torch_env() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let job = Training {
         types: &[("worker", 3)],
         net: 11,
@@ -321,7 +321,7 @@ async fn pytorch_forms_a_cluster_from_torch_env() {
 /// PET_NPROC_PER_NODE=2 and the master from torch.env; world size 6.
 #[tokio::test]
 async fn torchrun_needs_no_flags_two_processes_per_pod() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let job = Training {
         types: &[("worker", 3)],
@@ -344,7 +344,7 @@ async fn torchrun_needs_no_flags_two_processes_per_pod() {
 /// `init_process_group` forms a world of 3, not 6.
 #[tokio::test]
 async fn plain_python_on_two_gpu_pods_needs_no_flags() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let job = Training {
         types: &[("worker", 3)],
         net: 18,
@@ -365,7 +365,7 @@ async fn plain_python_on_two_gpu_pods_needs_no_flags() {
 /// (`auto` resolved from the GPU limit) and starts two processes per pod: world 6.
 #[tokio::test]
 async fn torchrun_on_two_gpu_pods_starts_one_process_per_gpu() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let job = Training {
         types: &[("worker", 3)],
@@ -387,7 +387,7 @@ async fn torchrun_on_two_gpu_pods_starts_one_process_per_gpu() {
 /// is given the count and id; every process's index is its pod's rank.
 #[tokio::test]
 async fn jax_forms_a_cluster_from_jax_env() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let job = Training {
         types: &[("worker", 3)],
         net: 13,
@@ -412,7 +412,7 @@ async fn jax_forms_a_cluster_from_jax_env() {
 /// TensorFlow: a real MultiWorkerMirroredStrategy all-reduce across three workers.
 #[tokio::test]
 async fn tensorflow_multi_worker_all_reduces_from_tf_config() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let job = Training {
         types: &[("worker", 3)],
         net: 14,
@@ -433,7 +433,7 @@ async fn tensorflow_multi_worker_all_reduces_from_tf_config() {
 /// task, and the strategy of the chief and the worker starts without it.
 #[tokio::test]
 async fn tensorflow_evaluator_is_left_out_and_the_strategy_starts() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let job = Training {
         types: &[("chief", 1), ("worker", 1), ("evaluator", 1)],
         net: 15,
@@ -460,7 +460,7 @@ async fn tensorflow_evaluator_is_left_out_and_the_strategy_starts() {
 /// hostfile is byte for byte mpi-operator's OpenMPI format.
 #[tokio::test]
 async fn openmpi_runs_across_the_hostfile() {
-    let Some(_) = framework_python() else { return };
+    let _ = require!(framework_python());
     let build = tempfile::tempdir().unwrap();
     let hello = build.path().join("mpi_hello");
     let cc = std::process::Command::new("mpicc")
@@ -525,7 +525,7 @@ async fn openmpi_runs_across_the_hostfile() {
 /// timeout, 30 s, for more than MIN nodes).
 #[tokio::test]
 async fn elastic_init_completes_with_min_and_the_late_pod_joins_the_rendezvous() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let job = Training {
         types: &[("worker", 3)],
@@ -565,7 +565,7 @@ async fn pytorch_all_reduces_again_after_its_master_is_replaced() {
     use crate::report_support::{Reporter, wait_warning};
     use crate::support::jobs::*;
     use crate::support::rbac_namespace;
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let client = admin().await;
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(&client, "reform", dir.path()).await;

@@ -474,9 +474,7 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
 #[tokio::test]
 async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
     let limit: u64 = 96 << 20;
-    let Some(cg) = MemCgroup::new(limit) else {
-        return;
-    };
+    let cg = require!(MemCgroup::new(limit));
     let (client, l, ns, kc) = running("oomhand", pod("train-0")).await;
     write_tf_config(&l.files(), free_port());
     let pidfile = l.root().join("memhog.pid");

@@ -295,14 +295,20 @@ async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
 
 /// The sidecar in a PID namespace of its own with its own /proc, as a container
 /// without `shareProcessNamespace`: it sees the pod's sockets but not their owners.
-fn isolated_sidecar(kubeconfig: &std::path::Path, ns: &str, pod: &str) -> Option<Reporter> {
+fn isolated_sidecar(
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    pod: &str,
+) -> Result<Reporter, Missing> {
     let ok = std::process::Command::new("unshare")
         .args(["-p", "-f", "--mount-proc", "true"])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        skip_or_fail("cannot make a PID namespace with `unshare -p -f --mount-proc` (needs root)");
-        return None;
+        return Err(Missing::new(
+            Group::Root,
+            "cannot make a PID namespace with `unshare -p -f --mount-proc` (needs root)",
+        ));
     }
     let inner = sidecar_cmd(kubeconfig, ns, pod, &[]);
     let mut cmd = std::process::Command::new("unshare");
@@ -316,7 +322,7 @@ fn isolated_sidecar(kubeconfig: &std::path::Path, ns: &str, pod: &str) -> Option
         }
     }
     cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-    Some(Reporter::start(cmd))
+    Ok(Reporter::start(cmd))
 }
 
 /// A native sidecar starts before the training container. A port that is already
@@ -336,9 +342,7 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
         .port("late", late_port as i32)
         .create(&client, &ns)
         .await;
-    let Some(r) = isolated_sidecar(&kc, &ns, "train-0") else {
-        return;
-    };
+    let r = require!(isolated_sidecar(&kc, &ns, "train-0"));
     wait_annotation(
         &client,
         &ns,
@@ -407,9 +411,7 @@ async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
         .port("tf", port as i32)
         .create(&client, &ns)
         .await;
-    let Some(mut r) = isolated_sidecar(&kc, &ns, "train-0") else {
-        return;
-    };
+    let mut r = require!(isolated_sidecar(&kc, &ns, "train-0"));
     assert_eq!(
         wait_warning(&client, &ns, "PortConflict").await,
         format!(

@@ -37,7 +37,7 @@ impl Drop for Reaper {
     }
 }
 
-async fn start(net: u8, hang: &str, flags: &[&str]) -> Option<Job> {
+async fn start(net: u8, hang: &str, flags: &[&str]) -> Result<Job, Missing> {
     let py = framework_python()?;
     let client = admin().await;
     let ns = namespace(&client, "stall").await;
@@ -82,7 +82,7 @@ async fn start(net: u8, hang: &str, flags: &[&str]) -> Option<Job> {
     for (k, name) in names.iter().enumerate() {
         kubelet.run(name, &format!("127.0.{net}.{}", k + 2)).await;
     }
-    Some(Job {
+    Ok(Job {
         ns,
         metrics,
         runs,
@@ -155,9 +155,7 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
         "--restart-grace",
         "2s",
     ];
-    let Some(job) = start(21, "forever", &flags).await else {
-        return;
-    };
+    let job = require!(start(21, "forever", &flags).await);
     job.until_done().await;
     let client = admin().await;
     let seen = events_by_pod(&job.ns).await;
@@ -211,7 +209,7 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
             .collect::<Vec<_>>(),
         [format!(
             "restarting {} (1 of 3) in 1s: trainer made no progress for 5s",
-            framework_python().unwrap().display()
+            framework_python().expect("start found it").display()
         )]
     );
     for name in ["w-0", "w-1"] {
@@ -224,7 +222,7 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
         assert!(
             notes[0].starts_with(&format!(
                 "restarting {} (1 of 3) in 1s: pod w-2 made no progress since ",
-                framework_python().unwrap().display()
+                framework_python().expect("start found it").display()
             )),
             "{name}: {}",
             notes[0]
@@ -247,9 +245,7 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
 #[tokio::test]
 async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
     let flags = ["--stall-after", "5s", "--progress-pattern", r"step (\d+)"];
-    let Some(job) = start(22, "12", &flags).await else {
-        return;
-    };
+    let job = require!(start(22, "12", &flags).await);
     let client = admin().await;
     eventually("w-2 stalled", Duration::from_secs(120), || async {
         let a = annotations(&client, &job.ns, "w-2").await;
