@@ -465,7 +465,6 @@ async fn a_replacement_the_resolver_leaves_out_resolves_by_watching_every_peer()
         .await;
     kubelet.run("worker-1b", "10.44.0.21").await;
     let out = tempfile::tempdir().unwrap();
-    let start = std::time::Instant::now();
     let r = run(&mut agent(
         &ns,
         "worker-1b",
@@ -475,11 +474,6 @@ async fn a_replacement_the_resolver_leaves_out_resolves_by_watching_every_peer()
         "60s",
     ));
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_secs(15) && took < Duration::from_secs(40),
-        "{took:?}"
-    );
     assert!(
         r.stderr.contains(
             "pod \"ps-0\" carries a cluster this pod cannot use: it does not contain this pod"

@@ -3,7 +3,7 @@
 //! leave correct files or none.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -240,7 +240,7 @@ fn an_invalid_namespace_is_a_usage_error_at_once() {
     let out = tempfile::tempdir().unwrap();
     let kc = kubeconfig();
     let want = "invalid --namespace \"BAD NS!\": a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit";
-    let start = Instant::now();
+    // Exit code 2, a usage error: waiting out the timeout would end in 3.
     let r = run(&mut init_cmd(
         kc,
         "default",
@@ -255,11 +255,8 @@ fn an_invalid_namespace_is_a_usage_error_at_once() {
             "60s",
         ],
     ));
-    let took = start.elapsed();
     assert_eq!((r.code, r.error_line()), (2, want), "{}", r.stderr);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
-    eprintln!("init --namespace 'BAD NS!' failed after {took:?}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(list_dir(out.path()).is_empty());
 
     let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([

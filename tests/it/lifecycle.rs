@@ -759,9 +759,9 @@ async fn coordinated_the_resolvers_sidecar_publishes_the_replacement_and_every_p
     pods[1].sidecar.terminate();
     let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
     kubelet.run(&replacement, "10.9.4.21").await;
-    // Well under the 15 s after which it would watch every peer itself.
+    // Well under the 15 s after which it would watch every peer itself: the 12 s
+    // timeout would fail it, and it would say so.
     let dirs = handover_dirs();
-    let start = std::time::Instant::now();
     let r = run(&mut handover_init(
         &kc,
         &ns,
@@ -771,7 +771,6 @@ async fn coordinated_the_resolvers_sidecar_publishes_the_replacement_and_every_p
         &["--coordinate", "always", "--timeout", "12s"],
     ));
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(start.elapsed() < Duration::from_secs(12));
     assert!(
         !r.stderr.contains("watching every peer instead"),
         "{}",

@@ -123,9 +123,7 @@ async fn four_gpus_with_a_limit_of_four_is_ok() {
     );
     let (livez, _, _) = http_get(&r.metrics_addr, "/livez").unwrap();
     assert_eq!(livez, 200);
-    let (code, took) = r.terminate();
-    assert_eq!(code, 0, "{}", r.stderr());
-    assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}");
+    assert_eq!(r.terminate().0, 0, "{}", r.stderr());
 }
 
 #[tokio::test]

