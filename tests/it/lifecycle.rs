@@ -953,6 +953,35 @@ async fn stall_restart_job(
     (ns, names, pods, dir)
 }
 
+/// Waits until each pod's sidecar has published (`trainlet.io/progress`) progress of
+/// its CMD's second run made `window` or more after that run started, not stalled:
+/// the job has moved on past the point where the stall could restart anything again,
+/// as the pods themselves say it.
+async fn progress_past_the_restart(
+    client: &kube::Client,
+    ns: &str,
+    names: &[String],
+    pods: &[HandoverPod],
+    window: Duration,
+) {
+    for (p, name) in pods.iter().zip(names) {
+        let restarted = p.starts.read()[1].0;
+        eventually(
+            &format!("{name}'s progress {window:?} after its restart"),
+            Duration::from_secs(60),
+            || async {
+                let a = annotations(client, ns, name).await;
+                let p: serde_json::Value =
+                    serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+                let at = humantime::parse_rfc3339(p["at"].as_str()?).ok()?;
+                let at = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
+                (p["stalled"] == false && at >= restarted + window.as_secs_f64()).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 /// The notes of the `Restarting` Events among `warnings`.
 fn restarting(warnings: &[(String, String)]) -> Vec<String> {
     warnings
@@ -990,8 +1019,9 @@ async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once
     for p in &pods {
         p.wait(2).await;
     }
-    // Once: no second restart for the same stall.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Once: no second restart for the same stall, once every pod has run a whole
+    // --stall-after window past its restart.
+    progress_past_the_restart(&client, &ns, &names, &pods, Duration::from_secs(2)).await;
     for (p, name) in pods.iter().zip(&names) {
         assert_eq!(p.starts.read().len(), 2, "{name}");
         let text = p.sidecar.metrics().await;
@@ -1099,7 +1129,7 @@ async fn without_credentials_a_job_hung_from_its_start_restarts_every_pods_comma
     for p in &pods {
         p.wait(2).await;
     }
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    progress_past_the_restart(&client, &ns, &names, &pods, Duration::from_secs(5)).await;
     for (p, name) in pods.iter().zip(&names) {
         assert_eq!(p.starts.read().len(), 2, "{name}");
         let text = p.sidecar.metrics().await;
