@@ -101,7 +101,19 @@ async fn both_modes_write_the_same_files_for_the_same_pods() {
             let r = h.await.unwrap();
             assert_eq!(r.code, 0, "{mode} {name}: {}", r.stderr);
             if mode == "always" && name != "ps-0" {
-                assert!(r.stderr.contains("Follower"), "{name}: {}", r.stderr);
+                let waiting: Vec<&str> = r
+                    .stderr
+                    .lines()
+                    .filter_map(|l| l.split_once("  INFO waiting for peers ").map(|(_, m)| m))
+                    .collect();
+                assert_eq!(
+                    waiting,
+                    [format!(
+                        "pod={name} namespace={ns} role=Follower {{ selector: \"role=ps,batch.kubernetes.io/job-completion-index=0\" }}"
+                    )],
+                    "{}",
+                    r.stderr
+                );
             }
             out.push(d);
         }

@@ -540,16 +540,19 @@ async fn elastic_init_completes_with_min_and_the_late_pod_joins_the_rendezvous()
     // One world of 3: no process started in a world of 2.
     assert_eq!(rank_lines(&runs), expected_ranks(3, "world=3 sum=3"));
     // The early pods resolved a cluster of two; the late one of three.
-    assert!(
-        runs[0].run.stderr.contains("worker:2"),
-        "{}",
-        runs[0].run.stderr
-    );
-    assert!(
-        runs[2].run.stderr.contains("worker:3"),
-        "{}",
-        runs[2].run.stderr
-    );
+    let cluster = |r: &Ran| -> Vec<String> {
+        r.run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("  INFO wrote "))
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|w| w.strip_prefix("cluster="))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(cluster(&runs[0]), ["worker:2"], "{}", runs[0].run.stderr);
+    assert_eq!(cluster(&runs[1]), ["worker:2"], "{}", runs[1].run.stderr);
+    assert_eq!(cluster(&runs[2]), ["worker:3"], "{}", runs[2].run.stderr);
 }
 
 /// A PyTorch cluster re-forms after its master is replaced: an Indexed Job of 3 pods

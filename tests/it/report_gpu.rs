@@ -349,7 +349,10 @@ async fn xid_errors_are_counted_and_a_lost_gpu_is_announced() {
 
     std::fs::write(&lost, "").unwrap();
     let lost_note = wait_warning(&client, &ns, "GPULost").await;
-    assert!(lost_note.starts_with("container trainer "), "{lost_note}");
+    assert_eq!(
+        lost_note,
+        "container trainer lost its GPUs: NVML reports the GPU is lost"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(count_warnings(&client, &ns, "GPULost").await, 1);
 }

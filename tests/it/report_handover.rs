@@ -460,7 +460,10 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
     // The training container loses its GPUs: the sidecar announces it, once.
     std::fs::write(&lost, "").unwrap();
     let note = wait_warning(&client, &ns, "GPULost").await;
-    assert!(note.starts_with("container trainer "), "{note}");
+    assert_eq!(
+        note,
+        "container trainer lost its GPUs: NVML reports the GPU is lost"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(count_warnings(&client, &ns, "GPULost").await, 1);
     let report: serde_json::Value =

@@ -57,10 +57,11 @@ async fn a_sidecar_without_rbac_exits_4_naming_the_verb() {
         &["--metrics-addr", "off"],
     ));
     assert_eq!(r.code, 4, "{}", r.stderr);
-    assert!(
-        r.error_line().starts_with(&format!(
-            "forbidden: cannot get pods in namespace \"{ns}\": the Role bound to ServiceAccount {ns}:default lacks verb \"get\" on \"pods\"; apply manifests/rbac.yaml"
-        )),
+    assert_eq!(
+        r.error_line(),
+        format!(
+            "forbidden: cannot get pods in namespace \"{ns}\": the Role bound to ServiceAccount {ns}:default lacks verb \"get\" on \"pods\"; apply manifests/rbac.yaml (pods \"train-0\" is forbidden: User \"system:serviceaccount:{ns}:default\" cannot get resource \"pods\" in API group \"\" in the namespace \"{ns}\")"
+        ),
         "{}",
         r.stderr
     );
