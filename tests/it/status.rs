@@ -63,14 +63,9 @@ async fn viewer(client: &Client, ns: &str, dir: &std::path::Path) -> std::path::
 /// What trainlet publishes on a pod whose training container `main` sees `seen` of
 /// the 4 GPUs its limit asks for, in a cluster that is current: the task, as init
 /// writes it, and the sidecar's annotations and Events, made by the sidecar's own code
-/// (`State::step` over what its probes would observe), so in exactly its shape.
-fn published(
-    task: &str,
-    seen: u32,
-) -> (
-    BTreeMap<String, Option<String>>,
-    Vec<(&'static str, String)>,
-) {
+/// (`State::step` over what its probes would observe), so in exactly its shape: the
+/// step's annotations, with the task, and its Events.
+fn published(task: &str, seen: u32) -> trainlet::report::state::Step {
     use trainlet::cluster::drift::{Drift, Held};
     use trainlet::report::probe::gpu::xid::XidLedger;
     use trainlet::report::probe::gpu::{Expected, GpuDevice, GpuInfo};
@@ -116,9 +111,10 @@ fn published(
         cluster: Some(&cluster),
         unpublished: None,
     });
-    let mut annotations = step.annotations;
-    annotations.insert(keys::TASK.into(), Some(task.into()));
-    (annotations, step.events)
+    let mut step = step;
+    step.annotations
+        .insert(keys::TASK.into(), Some(task.into()));
+    step
 }
 
 #[tokio::test]
@@ -142,14 +138,14 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
             .await;
         if let Some(seen) = seen {
             kubelet.run(&name, &format!("10.1.0.{}", i + 2)).await;
-            let (annotations, events) = published(&format!("worker/{i}"), seen);
+            let step = published(&format!("worker/{i}"), seen);
             let sidecar = Publisher::new(client.clone(), &created, "trainlet-sidecar");
-            sidecar.annotate(&annotations).await.unwrap();
-            for (reason, note) in &events {
+            sidecar.annotate(&step.annotations).await.unwrap();
+            for (reason, note) in &step.events {
                 sidecar.warning(reason, note).await.unwrap();
             }
             if seen == 2 {
-                mismatch = events;
+                mismatch = step.events;
             }
         }
     }
