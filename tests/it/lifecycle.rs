@@ -822,13 +822,20 @@ async fn coordinated_the_resolvers_sidecar_publishes_the_replacement_and_every_p
         (w1.name.as_str(), w1.address.clone()),
         (replacement.as_str(), format!("10.9.4.21:{port}"))
     );
-    // One restart each, no more; the replacement started once.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // One restart each, no more; the replacement started once. Each exec is then
+    // stopped as the kubelet would: what it says it was doing (running CMD, not waiting
+    // to restart it again) is its own word that no other restart was under way.
     for i in [0, 2] {
-        assert_eq!(pods[i].starts.read().len(), 2, "{}", names[i]);
         let text = pods[i].sidecar.metrics().await;
         assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
         assert_eq!(metric(&text, "trainlet_cluster_stale"), Some(0.0));
+        let (code, _) = pods[i].exec.terminate();
+        assert_eq!(code, 143, "{}", pods[i].exec.stderr());
+        assert_eq!(
+            std::fs::read_to_string(pods[i].starts.path.with_file_name("termination-log")).unwrap(),
+            "sh was killed by signal 15 (SIGTERM)"
+        );
+        assert_eq!(pods[i].starts.read().len(), 2, "{}", names[i]);
         let w = warnings_of(&client, &ns, &names[i]).await;
         let count = |r: &str| w.iter().filter(|(wr, _)| wr == r).count();
         assert_eq!(count("Restarting"), 1, "{}: {w:?}", names[i]);
@@ -875,12 +882,20 @@ async fn coordinated_exec_restarts_once_with_the_new_address() {
     for pod in [&p0, &p2] {
         wait_annotation(&client, &ns, pod, "trainlet.io/cluster", "current").await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Each exec is then stopped as the kubelet would: what it says it was doing
+    // (running CMD, not waiting to restart it again) is its own word that no other
+    // restart was under way.
     for i in [0, 2] {
-        let starts = members[i].starts.read();
-        assert_eq!(starts.len(), 2, "{}: {starts:?}", members[i].pod);
         let text = members[i].exec.metrics().await;
         assert_eq!(metric(&text, "trainlet_restarts_total"), Some(1.0));
+        let (code, _) = members[i].exec.terminate();
+        assert_eq!(code, 143, "{}", members[i].exec.stderr());
+        assert_eq!(
+            std::fs::read_to_string(&members[i].termination).unwrap(),
+            "sh was killed by signal 15 (SIGTERM)"
+        );
+        let starts = members[i].starts.read();
+        assert_eq!(starts.len(), 2, "{}: {starts:?}", members[i].pod);
     }
     delete_namespace(&client, &ns).await;
 }
