@@ -143,13 +143,13 @@ async fn four_gpus_with_a_limit_of_eight_is_a_mismatch() {
     let text = r.metrics().await;
     assert_eq!(metric(&text, "trainlet_gpus_expected"), Some(8.0));
     assert_eq!(metric(&text, "trainlet_health"), Some(0.0));
-    // On the transition only: one Event however many probes ran.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // On the transition only: one Event however many probes ran, counted once the
+    // sidecar has stopped and sent everything it held.
+    assert_eq!(r.terminate().0, 0);
     assert_eq!(
         warnings(&client, &ns).await,
         vec![("GPUCountMismatch".to_string(), note)]
     );
-    assert_eq!(r.terminate().0, 0);
 }
 
 /// exec in the training container, reporting on its own (no sidecar): NVML missing

@@ -170,8 +170,14 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
     std::fs::write(only_a.join("token"), &token_a).unwrap();
     let kc_a = token_file_kubeconfig(&only_a, &ns, &only_a.join("token"));
     let kc = token_file_kubeconfig(l.root(), &ns, &token_file);
-    // The sidecar starts after exec, as after a sidecar restart.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The sidecar starts after exec has handed over its first observation, as after
+    // a sidecar restart.
+    eventually(
+        "exec's first observation",
+        Duration::from_secs(20),
+        || async { l.observed().join("exec.json").is_file().then_some(()) },
+    )
+    .await;
     let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &["--interval", "1s"]));
     wait_annotation(&client, &ns, "train-0", "trainlet.io/gpu-count", "4").await;
     wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
@@ -279,7 +285,7 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
 #[tokio::test]
 async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
     let (client, l, ns, kc) = running("unknown", pod("train-0").gpus(4)).await;
-    let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
+    let mut sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
     wait_annotation(&client, &ns, "train-0", "trainlet.io/gpu-count", "unknown").await;
     let a = annotations(&client, &ns, "train-0").await;
     assert_eq!(a["trainlet.io/health"], "ok");
@@ -295,7 +301,8 @@ async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
     let text = sidecar.metrics().await;
     assert_eq!(metric(&text, "trainlet_gpus"), Some(-1.0));
     assert_eq!(metric(&text, "trainlet_health"), Some(1.0));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // No Event, once the sidecar has stopped and sent everything it held.
+    assert_eq!(sidecar.terminate().0, 0);
     assert_eq!(warnings(&client, &ns).await, vec![]);
 }
 
@@ -362,7 +369,16 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
                 .success()
         )
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Read and rejected, not waited on: a FIFO is no file either.
+    eventually(
+        "a second rejection as not-a-file, the FIFO",
+        Duration::from_secs(20),
+        || async {
+            let text = sidecar.metrics().await;
+            (metric(&text, &rejected("not-a-file")) >= Some(2.0)).then_some(())
+        },
+    )
+    .await;
     assert!(sidecar.alive(), "{}", sidecar.stderr());
     assert_eq!(annotations(&client, &ns, "train-0").await, before);
     let log = sidecar.stderr();
@@ -377,6 +393,7 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
         )),
         "{log}"
     );
+    assert_eq!(sidecar.terminate().0, 0);
     assert_eq!(warnings(&client, &ns).await, vec![]);
 }
 
