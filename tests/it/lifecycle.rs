@@ -925,12 +925,23 @@ async fn a_stop_during_the_restart_backoff_says_so() {
     )
     .await;
     delete_pod(&client, &ns, &mut members[1]).await;
-    let note = wait_warning(&client, &ns, "Restarting").await;
-    assert!(
-        note.ends_with("in 1m: the cluster changed (stale: worker/1 10.9.0.11 → none)"),
-        "{note}"
-    );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both are in their backoff once each has announced its restart.
+    for i in [0, 2] {
+        let note = eventually(
+            &format!("{}'s Restarting Event", members[i].pod),
+            Duration::from_secs(30),
+            || async {
+                restarting(&warnings_of(&client, &ns, &members[i].pod).await)
+                    .into_iter()
+                    .next()
+            },
+        )
+        .await;
+        assert_eq!(
+            note,
+            "restarting sh (1 of 3) in 1m: the cluster changed (stale: worker/1 10.9.0.11 → none)"
+        );
+    }
     for i in [0, 2] {
         let (code, _) = members[i].exec.terminate();
         assert_eq!(code, 143, "{}", members[i].exec.stderr());
