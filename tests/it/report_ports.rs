@@ -267,12 +267,23 @@ async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
         let cp = cp.clone();
         tokio::task::spawn_blocking(move || cp.restart_apiserver(Duration::from_secs(4)))
     };
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The conflict appears while the API server is down.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), &ns);
+    eventually("the API server down", Duration::from_secs(20), || async {
+        pods.get("train-0").await.is_err().then_some(())
+    })
+    .await;
     let holder = TcpListener::bind(("127.0.0.1", port)).unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    eventually(
+        "a failed API call counted",
+        Duration::from_secs(20),
+        || async {
+            (metric(&r.metrics().await, "trainlet_api_errors_total") >= Some(1.0)).then_some(())
+        },
+    )
+    .await;
     assert!(r.alive(), "the sidecar died: {}", r.stderr());
-    let errors = metric(&r.metrics().await, "trainlet_api_errors_total").unwrap();
-    assert!(errors >= 1.0, "no failed API call was counted");
     restart.await.unwrap();
 
     let client = client_from(&cp.kubeconfig).await;
