@@ -4,7 +4,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: docs all build release portable monitoring test deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
+# The tests' output goes to target/test.log too; each test skipped for a missing
+# prerequisite (TRAINLET_TEST_SKIP, docs/development.md) printed one SKIPPED line, and
+# `skipped: N` ends the output. The status is the tests' (pipefail).
+tested = set -o pipefail; mkdir -p target; $(1) 2>&1 | tee target/test.log; rc=$$?; \
+	grep '^SKIPPED ' target/test.log; echo "skipped: $$(grep -c '^SKIPPED ' target/test.log)"; exit $$rc
+
+.PHONY: docs all build release portable monitoring test test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
 
 # The control plane of the node that tests/it/node_examples.rs starts: its own, since
 # on the shared one the node's scheduler and kubelet would take the other tests' pods.
@@ -64,9 +70,18 @@ node-smoke:
 
 ## Every test. The image archive first: the node tests (tests/it/node_examples.rs) run
 ## trainlet's containers from it, as shipped; it holds the portable binary, which
-## tests/it/glibc.rs checks.
+## tests/it/glibc.rs checks. Ends with the count of skipped tests.
 test: deps control-plane image
-	$(CARGO) test --no-fail-fast
+	@$(call tested,$(CARGO) test --no-fail-fast)
+
+## The integration tests (tests/it/, without the real node's) while stress-ng keeps
+## every core busy, to show that no test depends on a quiet machine. stress-ng stops
+## with the tests, whatever happens (and after an hour at the latest).
+test-stress: deps control-plane portable
+	@$(CARGO) test --test it --no-run
+	@stress-ng --cpu $$(nproc) --timeout 3600s --quiet & stress=$$!; \
+	trap 'kill $$stress 2>/dev/null; wait $$stress 2>/dev/null' EXIT INT TERM; \
+	$(call tested,$(CARGO) test --test it --no-fail-fast -- --skip node_examples:: --skip node_pods:: --skip node_quickstart::)
 
 ## The shipped examples on a real node (root): tests/it/node_examples.rs.
 node-examples: deps image

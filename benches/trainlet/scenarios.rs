@@ -159,8 +159,8 @@ pub async fn run_all() {
         None
     };
     let foot = want("footprint").then(|| footprint::measure(bin));
-    // On the real node (root; its own control plane): skipped, and said so, where it
-    // cannot start outside CI.
+    // On the real node (root; its own control plane): skipped, and said so, where
+    // something it needs is missing.
     let on_node = if want("node") {
         eprintln!("bench: on the real node, trainlet's init container against a hand-written one");
         node::run().await

@@ -101,7 +101,19 @@ async fn both_modes_write_the_same_files_for_the_same_pods() {
             let r = h.await.unwrap();
             assert_eq!(r.code, 0, "{mode} {name}: {}", r.stderr);
             if mode == "always" && name != "ps-0" {
-                assert!(r.stderr.contains("Follower"), "{name}: {}", r.stderr);
+                let waiting: Vec<&str> = r
+                    .stderr
+                    .lines()
+                    .filter_map(|l| l.split_once("  INFO waiting for peers ").map(|(_, m)| m))
+                    .collect();
+                assert_eq!(
+                    waiting,
+                    [format!(
+                        "pod={name} namespace={ns} role=Follower {{ selector: \"role=ps,batch.kubernetes.io/job-completion-index=0\" }}"
+                    )],
+                    "{}",
+                    r.stderr
+                );
             }
             out.push(d);
         }
@@ -465,7 +477,6 @@ async fn a_replacement_the_resolver_leaves_out_resolves_by_watching_every_peer()
         .await;
     kubelet.run("worker-1b", "10.44.0.21").await;
     let out = tempfile::tempdir().unwrap();
-    let start = std::time::Instant::now();
     let r = run(&mut agent(
         &ns,
         "worker-1b",
@@ -475,11 +486,6 @@ async fn a_replacement_the_resolver_leaves_out_resolves_by_watching_every_peer()
         "60s",
     ));
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_secs(15) && took < Duration::from_secs(40),
-        "{took:?}"
-    );
     assert!(
         r.stderr.contains(
             "pod \"ps-0\" carries a cluster this pod cannot use: it does not contain this pod"

@@ -9,8 +9,8 @@
 //! - in the image's root filesystem (docker/rootfs.sh, root only: chroot), as the
 //!   nonroot user, it loads that NVML: the rootfs carries the glibc libraries NVML needs.
 //!
-//! `make test` builds the binary first (`make portable`); without it these tests are
-//! skipped, or fail under CI=true.
+//! `make test` builds the binary first (`make portable`); without it these tests fail,
+//! or are skipped where `TRAINLET_TEST_SKIP` names `portable`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -21,21 +21,23 @@ use serde_json::{Value, json};
 use crate::support::*;
 
 /// The portable binary in this build's target directory (beside the `debug/` that holds
-/// the test's own binary), if `make portable` has built it.
-fn portable() -> Option<PathBuf> {
+/// the test's own binary), if `make portable` has built it (group `portable`).
+fn portable() -> Result<PathBuf, Missing> {
     let target = Path::new(env!("CARGO_BIN_EXE_trainlet"))
         .parent()
         .and_then(Path::parent)
         .expect("the target directory");
     let bin = target.join("x86_64-unknown-linux-gnu/release/trainlet");
     if bin.is_file() {
-        Some(bin)
+        Ok(bin)
     } else {
-        skip_or_fail(&format!(
-            "no portable binary at {} (run `make portable`; `make test` does)",
-            bin.display()
-        ));
-        None
+        Err(Missing::new(
+            Group::Portable,
+            format!(
+                "no portable binary at {} (run `make portable`; `make test` does)",
+                bin.display()
+            ),
+        ))
     }
 }
 
@@ -80,7 +82,7 @@ fn needed(bin: &Path) -> Vec<String> {
 
 #[test]
 fn the_portable_binary_needs_glibc_2_17_at_most() {
-    let Some(bin) = portable() else { return };
+    let bin = require!(portable());
     let newest = newest_glibc(&bin);
     assert!(
         newest <= vec![2, 17],
@@ -173,7 +175,7 @@ fn two_fake_gpus() -> Value {
 
 #[test]
 fn the_portable_binary_runs_and_loads_nvml() {
-    let Some(bin) = portable() else { return };
+    let bin = require!(portable());
     let version = Command::new(&bin).arg("--version").output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&version.stdout),
@@ -211,13 +213,9 @@ fn the_portable_binary_runs_and_loads_nvml() {
 /// binary's, so only the rootfs's own copies can satisfy them.
 #[test]
 fn the_image_rootfs_loads_nvml_as_nonroot() {
-    let Some(bin) = portable() else { return };
+    let bin = require!(portable());
     // chroot needs root; CI runs as root.
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        skip_or_fail("chroot into the rootfs needs root");
-        return;
-    }
+    require!(root(Group::Root, "chroot into the rootfs"));
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(repo().join("docker/rootfs.sh"))
         .arg(&bin)

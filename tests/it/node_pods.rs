@@ -31,7 +31,7 @@ use crate::support::*;
 pub(crate) const JOB_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// The node and a namespace of its own that enforces Pod Security `restricted`, with
-/// trainlet's RBAC; None where the test may be skipped (support::node).
+/// trainlet's RBAC; or what is missing to start the node (support::node).
 pub(crate) struct On {
     pub(crate) kc: &'static Path,
     pub(crate) client: Client,
@@ -39,11 +39,11 @@ pub(crate) struct On {
 }
 
 impl On {
-    pub(crate) async fn restricted(prefix: &str) -> Option<On> {
+    pub(crate) async fn restricted(prefix: &str) -> Result<On, Missing> {
         let kc = node()?;
         let client = client_from(kc).await;
         let ns = restricted_namespace(kc, &client, prefix).await;
-        Some(On { kc, client, ns })
+        Ok(On { kc, client, ns })
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -289,8 +289,8 @@ fn report(p: &Pod) -> Value {
 /// `privileged`, the only one.
 #[tokio::test]
 async fn pytorch_all_reduces_with_gloo_across_three_pods_of_an_indexed_job() {
-    let Some(py) = framework_python() else { return };
-    let Some(kc) = node() else { return };
+    let py = require!(framework_python());
+    let kc = require!(node());
     let client = client_from(kc).await;
     let ns = namespace_with_labels(
         &client,
@@ -365,9 +365,7 @@ async fn pytorch_all_reduces_with_gloo_across_three_pods_of_an_indexed_job() {
 /// training container ended; it exits 0, never restarted.
 #[tokio::test]
 async fn the_native_sidecar_starts_before_the_training_container_and_stops_after_it() {
-    let Some(on) = On::restricted("order").await else {
-        return;
-    };
+    let on = require!(On::restricted("order").await);
     // 9464 is 0x24F8: a LISTEN socket (state 0A) on it, IPv4 or IPv6.
     let script = "if cat /proc/net/tcp /proc/net/tcp6 | grep -Eq ':24F8 0+:0000 0A'; then echo 'sidecar metrics port: listening'; else echo 'sidecar metrics port: closed'; fi
 trainer --source tf || exit 1
@@ -432,9 +430,7 @@ echo 'training: done'";
 /// trainlet.io/ annotation (403, the policy's message) and its own (200).
 #[tokio::test]
 async fn the_training_container_has_no_token_and_the_pod_token_cannot_touch_another_pod() {
-    let Some(on) = On::restricted("creds").await else {
-        return;
-    };
+    let on = require!(On::restricted("creds").await);
     // One stream, so that the log keeps the order of the lines.
     let script = "exec 2>&1
 ls /var/run/secrets/kubernetes.io/serviceaccount
@@ -537,9 +533,7 @@ true"#;
 /// container's cgroup; trainlet's report says which process it was.
 #[tokio::test]
 async fn a_child_oom_killed_in_the_training_container_is_published_by_the_sidecar() {
-    let Some(on) = On::restricted("oom-child").await else {
-        return;
-    };
+    let on = require!(On::restricted("oom-child").await);
     let script = "exec 2>&1; memhog 10 & echo \"memhog pid $!\"; wait $!; echo \"memhog status $?\"; sleep 3";
     let plain = plain_job(
         "oom-child",
@@ -611,9 +605,7 @@ async fn a_child_oom_killed_in_the_training_container_is_published_by_the_sideca
 /// of its sources, and one `OOMKill` Event says so.
 #[tokio::test]
 async fn the_training_command_oom_killed_agrees_with_the_kubelets_oomkilled() {
-    let Some(on) = On::restricted("oom-main").await else {
-        return;
-    };
+    let on = require!(On::restricted("oom-main").await);
     let plain = plain_job("oom-main", 1, main_container(&["memhog", "10"], "96Mi"));
     on.inject_and_apply(&plain, &[], |_| {});
     let end = on.job_end("oom-main").await;
@@ -684,9 +676,7 @@ async fn the_training_command_oom_killed_agrees_with_the_kubelets_oomkilled() {
 /// Event. The trainer then cannot listen, and says why.
 #[tokio::test]
 async fn a_process_in_the_pod_holding_the_training_port_is_named_in_the_event() {
-    let Some(on) = On::restricted("port").await else {
-        return;
-    };
+    let on = require!(On::restricted("port").await);
     let mut plain = plain_job(
         "port",
         1,
@@ -764,9 +754,7 @@ async fn a_process_in_the_pod_holding_the_training_port_is_named_in_the_event() 
 /// train.py` in an image without python (exit 127, as a shell's).
 #[tokio::test]
 async fn kubectl_shows_trainlets_termination_message_for_a_failed_command() {
-    let Some(on) = On::restricted("message").await else {
-        return;
-    };
+    let on = require!(On::restricted("message").await);
     let plain = plain_job(
         "message",
         1,
@@ -804,9 +792,7 @@ async fn kubectl_shows_trainlets_termination_message_for_a_failed_command() {
 /// no replacement pod.
 #[tokio::test]
 async fn the_failure_policy_fails_the_job_at_once_when_the_trainer_exits_1() {
-    let Some(on) = On::restricted("fp-exit1").await else {
-        return;
-    };
+    let on = require!(On::restricted("fp-exit1").await);
     // torch's variables are not in CMD's environment (--framework is tensorflow).
     let mut plain = plain_job(
         "fp-exit1",
@@ -855,9 +841,7 @@ async fn the_failure_policy_fails_the_job_at_once_when_the_trainer_exits_1() {
 /// finish, and the Job completes with one failure counted.
 #[tokio::test]
 async fn the_failure_policy_counts_a_sigkilled_trainer_and_the_pod_is_replaced() {
-    let Some(on) = On::restricted("fp-kill").await else {
-        return;
-    };
+    let on = require!(On::restricted("fp-kill").await);
     let script = "echo $$$$ > /tmp/cmd.pid
 trainer --source tf || exit 1
 echo 'waiting for /tmp/release'
@@ -980,9 +964,7 @@ echo released";
 /// then reaches every peer at the address it was given, the new one included.
 #[tokio::test]
 async fn a_replaced_pod_restarts_each_peers_command_once_and_the_trainers_reach_its_new_address() {
-    let Some(on) = On::restricted("replace").await else {
-        return;
-    };
+    let on = require!(On::restricted("replace").await);
     let script = "echo \"start: $TF_CONFIG\"
 trainer --source tf --timeout 120 || exit 1
 exec sleep 3600";

@@ -189,7 +189,7 @@ fn pods_by_index(kc: &Path, job: &str, ns: &str) -> Vec<String> {
 /// `Succeeded` under their tasks and ends with `Job NAME: completed: 2 pods succeeded`.
 #[tokio::test]
 async fn the_readme_quickstart_runs_on_a_real_node() {
-    let Some(py) = framework_python() else { return };
+    let py = require!(framework_python());
     // `make image`: up to date, it rebuilds nothing and writes the same archive.
     let make = Command::new("make")
         .arg("image")
@@ -203,7 +203,7 @@ async fn the_readme_quickstart_runs_on_a_real_node() {
         make.status,
         String::from_utf8_lossy(&make.stderr)
     );
-    let Some(kc) = node() else { return };
+    let kc = require!(node());
     let ns = format!("ml-quickstart-{}", unique());
     kubectl(kc, &["create", "namespace", &ns]);
     let manifests = repo().join("manifests");

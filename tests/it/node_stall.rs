@@ -22,9 +22,7 @@ i=0; while :; do i=$((i+1)); echo "step $i"; sleep 1; done"#;
 
 #[tokio::test]
 async fn a_hung_pod_is_stalled_published_and_restarts_every_pods_command_once() {
-    let Some(on) = On::restricted("stall").await else {
-        return;
-    };
+    let on = require!(On::restricted("stall").await);
     let plain = plain_job("stall", 3, main_container(&["sh", "-c", SCRIPT], "64Mi"));
     let flags = [
         "--stall-after",

@@ -536,13 +536,15 @@ async fn an_injected_statefulset_really_resolves_dns_addresses() {
 #[test]
 fn the_dockerfile_passes_hadolint() {
     let dockerfile = repo().join("docker/Dockerfile");
-    let out = match Command::new("hadolint").arg(&dockerfile).output() {
-        Ok(out) => out,
-        Err(e) => {
-            skip_or_fail(&format!("hadolint is not installed ({e}); run .ci/deps"));
-            return;
-        }
-    };
+    let out = require!(
+        Command::new("hadolint")
+            .arg(&dockerfile)
+            .output()
+            .map_err(|e| Missing::new(
+                Group::Deps,
+                format!("hadolint is not installed ({e}); run .ci/deps")
+            ))
+    );
     assert!(
         out.status.success(),
         "hadolint:\n{}{}",
@@ -574,11 +576,7 @@ fn the_dockerfile_passes_hadolint() {
 #[test]
 fn the_rootfs_tarball_runs_the_binary_as_nonroot() {
     // chroot needs root; CI runs as root.
-    let uid = Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        skip_or_fail("chroot into the rootfs needs root");
-        return;
-    }
+    require!(root(Group::Root, "chroot into the rootfs"));
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(repo().join("docker/rootfs.sh"))
         .arg(env!("CARGO_BIN_EXE_trainlet"))

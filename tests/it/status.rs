@@ -3,14 +3,15 @@
 //! job's pods with what the agents published on them, the newest Event of each, and
 //! the verdict.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::process::Command;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use trainlet::publish::{Publisher, keys};
 
 use crate::support::*;
 
@@ -59,19 +60,61 @@ async fn viewer(client: &Client, ns: &str, dir: &std::path::Path) -> std::path::
     sa_kubeconfig(client, ns, "viewer", dir).await
 }
 
-/// What the agents publish on a healthy pod with 4 GPUs.
-fn published(task: &str, health: &str, cluster: &str) -> serde_json::Value {
-    json!({"metadata": {"annotations": {
-        "trainlet.io/task": task,
-        "trainlet.io/health": health,
-        "trainlet.io/cluster": cluster,
-        "trainlet.io/report": json!({
-            "health": health,
-            "reasons": if health == "ok" { json!([]) } else { json!(["GPU count 2, expected 4"]) },
-            "gpu": {"count": if health == "ok" { 4 } else { 2 }, "expected": {"count": 4, "source": "limit"}, "status": "ok"},
-            "oom": {"kills": 0, "recent": []}
-        }).to_string()
-    }}})
+/// What trainlet publishes on a pod whose training container `main` sees `seen` of
+/// the 4 GPUs its limit asks for, in a cluster that is current: the task, as init
+/// writes it, and the sidecar's annotations and Events, made by the sidecar's own code
+/// (`State::step` over what its probes would observe), so in exactly its shape: the
+/// step's annotations, with the task, and its Events.
+fn published(task: &str, seen: u32) -> trainlet::report::state::Step {
+    use trainlet::cluster::drift::{Drift, Held};
+    use trainlet::report::probe::gpu::xid::XidLedger;
+    use trainlet::report::probe::gpu::{Expected, GpuDevice, GpuInfo};
+    use trainlet::report::state::{Observed, State};
+    let gpu = GpuInfo {
+        devices: (0..seen)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "Fake GPU".into(),
+                memory_total_bytes: 16 << 30,
+            })
+            .collect(),
+        driver: Some("550.54.15".into()),
+        nvml: Ok(()),
+    };
+    let expected = Expected {
+        count: 4,
+        source: "resources.limits[\"nvidia.com/gpu\"]".into(),
+    };
+    let cluster = [Drift {
+        task: task.into(),
+        was: "10.1.0.2".into(),
+        held: Held::Current,
+    }];
+    let step = State::default().step(Observed {
+        mode: "sidecar",
+        container: "main",
+        since: "2026-11-23T11:00:00Z",
+        gpu: &gpu,
+        expected: Some(&expected),
+        ports: &BTreeMap::new(),
+        oom_total: 0,
+        oom_by_container: &BTreeMap::new(),
+        oom_recent: &[],
+        oom_sources: vec!["pod status".into()],
+        errors: BTreeMap::new(),
+        gpus_seen: seen,
+        gpu_lost: None,
+        xids: &XidLedger::default(),
+        gpu_unknown: None,
+        exec: None,
+        cluster: Some(&cluster),
+        unpublished: None,
+    });
+    let mut step = step;
+    step.annotations
+        .insert(keys::TASK.into(), Some(task.into()));
+    step
 }
 
 #[tokio::test]
@@ -82,57 +125,49 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
     let viewer = viewer(&client, &ns, dir.path()).await;
     job(&client, &ns, "mnist", false, json!({})).await;
     let kubelet = Kubelet::new(&client, &ns);
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    for (i, (health, cluster)) in [("ok", "current"), ("degraded", "current"), ("", "")]
-        .iter()
-        .enumerate()
-    {
+    // mnist-0 sees its 4 GPUs, mnist-1 only 2 (a GPUCountMismatch Event), mnist-2 is
+    // pending and has published nothing.
+    let mut mismatch = Vec::new();
+    for (i, seen) in [(0, Some(4)), (1, Some(2)), (2, None)] {
         let name = format!("mnist-{i}");
-        pod(&name)
+        let created = pod(&name)
             .labels(&format!(
                 "batch.kubernetes.io/job-name=mnist,batch.kubernetes.io/job-completion-index={i}"
             ))
             .create(&client, &ns)
             .await;
-        if i < 2 {
+        if let Some(seen) = seen {
             kubelet.run(&name, &format!("10.1.0.{}", i + 2)).await;
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(published(&format!("worker/{i}"), health, cluster)),
-            )
-            .await
-            .unwrap();
+            let step = published(&format!("worker/{i}"), seen);
+            let sidecar = Publisher::new(client.clone(), &created, "trainlet-sidecar");
+            sidecar.annotate(&step.annotations).await.unwrap();
+            for (reason, note) in &step.events {
+                sidecar.warning(reason, note).await.unwrap();
+            }
+            if seen == 2 {
+                mismatch = step.events;
+            }
         }
     }
+    assert_eq!(
+        mismatch,
+        [(
+            "GPUCountMismatch",
+            "container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])".to_string()
+        )]
+    );
     // Another job's pod in the namespace is not shown.
-    pod("other-0")
+    let other = pod("other-0")
         .labels("batch.kubernetes.io/job-name=other")
         .create(&client, &ns)
         .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    events
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "mnist-1.gpu"},
-                "eventTime": "2026-11-23T12:00:00.000000Z",
-                "reason": "GPUCountMismatch", "type": "Warning", "action": "Report",
-                "note": "2 of 4 GPUs visible",
-                "regarding": {"kind": "Pod", "name": "mnist-1", "namespace": ns},
-                "reportingController": "trainlet.io/sidecar", "reportingInstance": "mnist-1"
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
 
     let want = "\
 TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   PROGRESS   LAST OOM   LAST EVENT
 worker/0   mnist-0   10.1.0.2   Running   ok         4/4    current   0          -          -          -
 worker/1   mnist-1   10.1.0.3   Running   degraded   2/4    current   0          -          -          GPUCountMismatch
 -          mnist-2   -          Pending   -          -      -         0          -          -          -
-Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
+Job mnist: degraded: mnist-1 (container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"]))
 ";
     let r = run(trainlet()
         .args(["status", "job/mnist", "--kubeconfig"])
@@ -147,7 +182,7 @@ Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
     assert_eq!(v["state"], "degraded");
     assert_eq!(
         v["verdict"],
-        "Job mnist: degraded: mnist-1 (GPU count 2, expected 4)"
+        "Job mnist: degraded: mnist-1 (container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"]))"
     );
     assert_eq!(v["pods"].as_array().unwrap().len(), 3);
     assert_eq!(v["pods"][1]["last_event"], "GPUCountMismatch");
@@ -175,18 +210,11 @@ Job mnist: degraded: mnist-1 (GPU count 2, expected 4)
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Another pod's Event is not the job's.
-    events
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "other-0.oom"},
-                "eventTime": "2026-11-23T13:00:00.000000Z",
-                "reason": "OOMKill", "type": "Warning", "action": "Report",
-                "regarding": {"kind": "Pod", "name": "other-0", "namespace": ns},
-                "reportingController": "trainlet.io/sidecar", "reportingInstance": "other-0"
-            }))
-            .unwrap(),
+    // Another pod's Event, newer than the job's, is not the job's.
+    Publisher::new(client.clone(), &other, "trainlet-sidecar")
+        .warning(
+            "OOMKill",
+            "container main was OOM-killed (exit code 137) and restarted (restart 1)",
         )
         .await
         .unwrap();

@@ -171,15 +171,6 @@ pub fn kubectl_on(admin_kubeconfig: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// In CI a missing prerequisite is a failure; elsewhere a test may skip with a reason.
-pub fn skip_or_fail(reason: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("prerequisite missing under CI=true: {reason}");
-    }
-    eprintln!("SKIPPED: {reason}");
-    true
-}
-
 /// A control plane of a test's own, in its own state dir, for tests that restart the
 /// API server: restarting the shared one would disturb every other test.
 pub struct PrivateControlPlane {

@@ -20,6 +20,7 @@ pub mod init_container;
 pub mod jobs;
 pub mod node;
 pub mod pods;
+pub mod skip;
 pub mod venv;
 
 pub use binary::*;
@@ -28,6 +29,7 @@ pub use identity::*;
 pub use init_container::*;
 pub use node::*;
 pub use pods::*;
+pub use skip::*;
 pub use venv::*;
 
 use std::time::{Duration, Instant};

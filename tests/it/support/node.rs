@@ -19,7 +19,8 @@ use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::cluster::{kubectl_on, namespace_with_labels, repo, skip_or_fail};
+use super::cluster::{kubectl_on, namespace_with_labels, repo};
+use super::skip::{Group, Missing, root};
 
 /// The node's own control plane (see the module's header).
 pub const NODE_CONTROL_PLANE: &str = "target/control-plane-node";
@@ -28,22 +29,26 @@ pub const NODE_CONTROL_PLANE: &str = "target/control-plane-node";
 pub const NODE_GPUS: u32 = 256;
 
 /// The node's admin kubeconfig, once the node is up with what every node test needs:
-/// the guard policy, the JobSet CRD and controller, and nvidia.com/gpu capacity. None
-/// when the test may be skipped (not root, outside CI; under `CI=true` it panics).
-pub fn node() -> Option<&'static Path> {
-    static NODE: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// the guard policy, the JobSet CRD and controller, and nvidia.com/gpu capacity; or
+/// what is missing to start it (group `node`: root, the image archive). A node that
+/// does not come up although nothing is missing fails the test.
+pub fn node() -> Result<&'static Path, Missing> {
+    static NODE: OnceLock<Result<PathBuf, Missing>> = OnceLock::new();
     NODE.get_or_init(|| {
-        let uid = Command::new("id").arg("-u").output().unwrap();
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            skip_or_fail("tests/node/up needs root (containerd, mounts, iptables, cgroups)");
-            return None;
-        }
+        root(
+            Group::Node,
+            "tests/node/up (containerd, mounts, iptables, cgroups)",
+        )?;
         let archive = image_archive();
-        assert!(
-            archive.is_file(),
-            "no {}: the node runs trainlet's containers from this image archive; build it with `make image`",
-            archive.display()
-        );
+        if !archive.is_file() {
+            return Err(Missing::new(
+                Group::Node,
+                format!(
+                    "no {}: the node runs trainlet's containers from this image archive; build it with `make image`",
+                    archive.display()
+                ),
+            ));
+        }
         let up = repo().join("tests/node/up");
         let out = Command::new(&up)
             .env("TRAINLET_CONTROL_PLANE_DIR", repo().join(NODE_CONTROL_PLANE))
@@ -79,9 +84,11 @@ pub fn node() -> Option<&'static Path> {
             String::from_utf8_lossy(&out.stderr)
         );
         advertise_gpus(&kc);
-        Some(kc)
+        Ok(kc)
     })
-    .as_deref()
+    .as_ref()
+    .map(PathBuf::as_path)
+    .map_err(Clone::clone)
 }
 
 pub fn image_archive() -> PathBuf {

@@ -221,7 +221,19 @@ impl Kubelet {
 
     /// Running, and the container restarted once after an OOM kill.
     pub async fn oom_killed(&self, pod: &str, container: &str, restarts: i32) -> Pod {
-        let now = now();
+        self.oom_killed_at(pod, container, restarts, std::time::SystemTime::now())
+            .await
+    }
+
+    /// `oom_killed`, the container having finished at `at` (and restarted then).
+    pub async fn oom_killed_at(
+        &self,
+        pod: &str,
+        container: &str,
+        restarts: i32,
+        at: std::time::SystemTime,
+    ) -> Pod {
+        let now = humantime::format_rfc3339_seconds(at).to_string();
         self.status(
             pod,
             json!({

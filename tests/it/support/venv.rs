@@ -6,12 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::cluster::{repo, skip_or_fail};
+use super::cluster::repo;
+use super::skip::{Group, Missing};
 
 /// The python of the CPU framework venv that `.ci/frameworks` builds and caches (PyTorch,
-/// JAX, TensorFlow), or `None` when it cannot be built outside CI (a failure in CI).
-pub fn framework_python() -> Option<&'static Path> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// JAX, TensorFlow), or what is missing when it cannot be built (group `frameworks`).
+pub fn framework_python() -> Result<&'static Path, Missing> {
+    static PYTHON: OnceLock<Result<PathBuf, Missing>> = OnceLock::new();
     PYTHON
         .get_or_init(|| {
             let out = std::process::Command::new(repo().join(".ci/frameworks"))
@@ -23,15 +24,19 @@ pub fn framework_python() -> Option<&'static Path> {
                 .unwrap_or_default()
                 .to_string();
             if !out.status.success() || last.is_empty() {
-                skip_or_fail(&format!(
-                    ".ci/frameworks could not build the framework venv: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                return Err(Missing::new(
+                    Group::Frameworks,
+                    format!(
+                        ".ci/frameworks could not build the framework venv: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ),
                 ));
-                return None;
             }
-            Some(PathBuf::from(last))
+            Ok(PathBuf::from(last))
         })
-        .as_deref()
+        .as_ref()
+        .map(PathBuf::as_path)
+        .map_err(Clone::clone)
 }
 
 /// What runs the framework venv in a pod on the real node (tests/node/README.md): the
