@@ -16,10 +16,13 @@ fn sample() -> Observation {
                     uuid: format!("GPU-{i}"),
                     name: "Fake GPU".into(),
                     memory_total_bytes: 16 << 30,
+                    mig: None,
                 })
                 .collect(),
             seen: 4,
             lost: None,
+            faulty: vec![],
+            xid_watch: None,
         },
         xids: vec![XidCountObservation {
             error: XidError {

@@ -34,7 +34,11 @@ impl Engine {
         let exec_gpu;
         let mut ports = Cow::Borrowed(&self.listeners.states);
         let mut unknown = None;
-        let (gpu, gpus_seen, gpu_lost) = match self.inbox.as_ref().and_then(|i| i.fresh(now)) {
+        let (gpu, gpus_seen, gpu_lost, xid_watch) = match self
+            .inbox
+            .as_ref()
+            .and_then(|i| i.fresh(now))
+        {
             Some(o) => {
                 exec_gpu = o.gpu_info();
                 ports.to_mut().extend(o.port_states());
@@ -44,7 +48,12 @@ impl Engine {
                 sources.push(format!(
                     "trainlet exec in container {container} (observations)"
                 ));
-                (&exec_gpu, o.gpu.seen, o.gpu.lost.as_deref())
+                (
+                    &exec_gpu,
+                    o.gpu.seen,
+                    o.gpu.lost.as_deref(),
+                    o.gpu.xid_watch.as_ref(),
+                )
             }
             None => {
                 if self.cfg.mode == Mode::Sidecar && self.gpus.info.count() == 0 {
@@ -57,7 +66,12 @@ impl Engine {
                         ),
                     });
                 }
-                (&self.gpus.info, self.gpus.seen, self.gpus.lost.as_deref())
+                (
+                    &self.gpus.info,
+                    self.gpus.seen,
+                    self.gpus.lost.as_deref(),
+                    self.gpus.watch.as_ref(),
+                )
             }
         };
         let mark = self.exec_mark();
@@ -81,6 +95,7 @@ impl Engine {
             gpus_seen,
             gpu_lost,
             xids: &self.gpus.xids,
+            xid_watch,
             gpu_unknown: unknown.as_deref(),
             exec: mark.as_ref(),
             // A pod on its way out (deleted, or stopped by its Job's success policy)

@@ -10,7 +10,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::warn;
 
 use super::{Engine, handover};
-use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent};
+use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent, XidWatch};
 use crate::report::probe::gpu::xid::XidLedger;
 use crate::report::probe::gpu::{GpuInfo, GpuProbe};
 
@@ -24,6 +24,8 @@ pub(super) struct Gpus {
     /// Why NVML's event thread said a GPU was lost, if it did.
     pub(super) lost: Option<String>,
     pub(super) xids: XidLedger,
+    /// Which GPUs NVML's event API watches, once the event thread has registered.
+    pub(super) watch: Option<XidWatch>,
     events: Option<UnboundedReceiver<GpuEvent>>,
     events_stop: Arc<AtomicBool>,
 }
@@ -37,10 +39,12 @@ impl Gpus {
                 devices: Vec::new(),
                 driver: None,
                 nvml: Ok(()),
+                faulty: Vec::new(),
             },
             seen: 0,
             lost: None,
             xids: XidLedger::default(),
+            watch: None,
             events: None,
             events_stop: Arc::new(AtomicBool::new(false)),
         }
@@ -84,6 +88,10 @@ impl Engine {
     /// the next evaluation.
     pub(super) fn on_gpu_event(&mut self, ev: GpuEvent) {
         match ev {
+            GpuEvent::Watch(w) => {
+                self.metrics.gpu_xid_watched.set(w.watched.len() as i64);
+                self.gpus.watch = Some(w);
+            }
             GpuEvent::Xid(e) => {
                 let n = self.gpus.xids.record(e.clone());
                 warn!(count = n, "{}", e.message());
