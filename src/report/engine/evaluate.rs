@@ -119,10 +119,13 @@ impl Engine {
             self.outbox.hurry();
         }
         // The first report waits (a little) for the peer watch's first list, so that it
-        // already says whether the cluster is current: one patch, not two.
+        // already says whether the cluster is current, and for NVML's event
+        // registration, so that it says which GPUs are watched: one patch, not two.
         let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
             && self.started.elapsed() < peer_watch::FIRST_LIST_WAIT;
-        if !peers_pending {
+        let gpus_pending =
+            self.gpus.registering() && self.started.elapsed() < super::gpu::REGISTRATION_WAIT;
+        if !peers_pending && !gpus_pending {
             let mut annotations = step.annotations;
             if let Some(text) = self.resolution() {
                 annotations.insert(crate::cluster::published::ANNOTATION.into(), Some(text));

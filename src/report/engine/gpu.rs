@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::warn;
@@ -13,6 +14,10 @@ use super::{Engine, handover};
 use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent, XidWatch};
 use crate::report::probe::gpu::xid::XidLedger;
 use crate::report::probe::gpu::{GpuInfo, GpuProbe};
+
+/// How long the first report waits for the event thread's registration, so that it
+/// already says which GPUs are watched: one patch, not two.
+pub(super) const REGISTRATION_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) struct Gpus {
     lib: Option<PathBuf>,
@@ -77,9 +82,21 @@ impl Gpus {
     /// The next NVML event, or never when the thread is not running.
     pub(super) async fn next_event(&mut self) -> Option<GpuEvent> {
         match &mut self.events {
-            Some(rx) => rx.recv().await,
+            Some(rx) => {
+                let ev = rx.recv().await;
+                if ev.is_none() {
+                    // The thread ended (no NVML, or a lost GPU).
+                    self.events = None;
+                }
+                ev
+            }
             None => std::future::pending().await,
         }
+    }
+
+    /// Whether the event thread runs but has not yet said which GPUs it watches.
+    pub(super) fn registering(&self) -> bool {
+        self.events.is_some() && self.watch.is_none()
     }
 }
 
