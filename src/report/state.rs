@@ -18,9 +18,7 @@ use crate::cluster::drift::{self, Drift, Held};
 use crate::publish::keys;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
-use crate::report::probe::gpu::{
-    self, Expected, FaultKind, GpuDevice, GpuFault, GpuInfo, GpuStatus,
-};
+use crate::report::probe::gpu::{self, Expected, GpuDevice, GpuFault, GpuInfo, GpuStatus};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{self, PortEntry, PortState};
 
@@ -186,15 +184,13 @@ pub fn assemble(o: Observed<'_>) -> Report {
     let lost = if o.gpu_unknown.is_some() {
         None
     } else {
-        lost(&o)
+        gpu::lost(o.gpu, o.gpus_seen, o.gpu_lost, o.container)
     };
     if let Some(why) = &lost {
         reasons.push(why.clone());
     }
     if o.gpu_unknown.is_none() {
-        for f in o.gpu.faulty.iter().filter(|f| f.fault != FaultKind::Lost) {
-            reasons.push(f.message(o.container));
-        }
+        reasons.extend(gpu::fault_reasons(o.gpu, o.container));
     }
     // A few critical XIDs by name, the rest summed up: one GPU can report many, and
     // the reasons after them (a port conflict) must still fit in the report.
@@ -293,35 +289,6 @@ pub fn assemble(o: Observed<'_>) -> Report {
         cluster,
         truncated: false,
     }
-}
-
-/// Why GPUs that NVML showed are gone, if they are: NVML's event thread said so, NVML
-/// says "GPU is lost" for some (named), or fewer answer now than the most seen ("Failed
-/// to initialize NVML: Unknown Error" after the container lost its device nodes). A GPU
-/// that needs a reset is not lost: it has a reason of its own.
-fn lost(o: &Observed<'_>) -> Option<String> {
-    if let Some(why) = o.gpu_lost {
-        return Some(format!("container {} lost its GPUs: {why}", o.container));
-    }
-    let lost: Vec<&GpuFault> = o
-        .gpu
-        .faulty
-        .iter()
-        .filter(|f| f.fault == FaultKind::Lost)
-        .collect();
-    if !lost.is_empty() {
-        return Some(gpu::lost_message(&lost, o.container));
-    }
-    let now = o.gpu.count();
-    (now + (o.gpu.faulty.len() as u32) < o.gpus_seen).then(|| {
-        format!(
-            "container {} saw {} GPU{} and now sees {now} (NVML: {})",
-            o.container,
-            o.gpus_seen,
-            if o.gpus_seen == 1 { "" } else { "s" },
-            o.gpu.nvml_status()
-        )
-    })
 }
 
 /// The report as JSON of at most [`REPORT_MAX`] bytes: see [`super::budget`].
@@ -442,20 +409,10 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
         None => announced.lost = None,
         Some(_) => {}
     }
-    let resets: BTreeSet<u32> = report
-        .gpu
-        .faulty
-        .iter()
-        .filter(|f| f.fault == FaultKind::ResetRequired)
-        .map(|f| f.index)
-        .collect();
-    for f in &report.gpu.faulty {
-        if f.fault == FaultKind::ResetRequired && !announced.resets.contains(&f.index) {
-            out.push(("GPUResetRequired", f.message(&report.container)));
-            urgent = true;
-        }
+    for note in gpu::new_resets(&report.gpu.faulty, &mut announced.resets, &report.container) {
+        out.push(("GPUResetRequired", note));
+        urgent = true;
     }
-    announced.resets = resets;
     let conflicts: BTreeSet<u16> = report
         .ports
         .iter()
@@ -568,13 +525,7 @@ impl State {
             .map(|p| p.port)
             .collect();
         self.announced.lost = prev.gpu.lost.clone();
-        self.announced.resets = prev
-            .gpu
-            .faulty
-            .iter()
-            .filter(|f| f.fault == FaultKind::ResetRequired)
-            .map(|f| f.index)
-            .collect();
+        gpu::new_resets(&prev.gpu.faulty, &mut self.announced.resets, "");
     }
 
     /// Evaluates the latest observations.
@@ -647,7 +598,7 @@ fn summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::probe::gpu::Unavailable;
+    use crate::report::probe::gpu::{FaultKind, Unavailable};
     use crate::report::probe::ports::{ConflictReason, Owner};
 
     fn gpus(n: u32) -> GpuInfo {

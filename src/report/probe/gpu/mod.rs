@@ -261,6 +261,62 @@ fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
+/// Why GPUs that NVML showed are gone, if they are: NVML's event thread said so
+/// (`event`), NVML says "GPU is lost" for some (named), or fewer answer now than the
+/// most `seen` ("Failed to initialize NVML: Unknown Error" after the container lost its
+/// device nodes). A GPU that needs a reset is not lost: it has a reason of its own.
+pub fn lost(info: &GpuInfo, seen: u32, event: Option<&str>, container: &str) -> Option<String> {
+    if let Some(why) = event {
+        return Some(format!("container {container} lost its GPUs: {why}"));
+    }
+    let lost: Vec<&GpuFault> = info
+        .faulty
+        .iter()
+        .filter(|f| f.fault == FaultKind::Lost)
+        .collect();
+    if !lost.is_empty() {
+        return Some(lost_message(&lost, container));
+    }
+    let now = info.count();
+    (now + (info.faulty.len() as u32) < seen).then(|| {
+        format!(
+            "container {container} saw {seen} GPU{} and now sees {now} (NVML: {})",
+            plural(seen),
+            info.nvml_status()
+        )
+    })
+}
+
+/// The reasons of the faults that are not losses (those are told by [`lost`]).
+pub fn fault_reasons<'a>(
+    info: &'a GpuInfo,
+    container: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    info.faulty
+        .iter()
+        .filter(|f| f.fault != FaultKind::Lost)
+        .map(move |f| f.message(container))
+}
+
+/// The notes of `GPUResetRequired` for the GPUs that need a reset and were not yet
+/// `announced`; `announced` becomes the GPUs that need one now.
+pub fn new_resets(
+    faulty: &[GpuFault],
+    announced: &mut std::collections::BTreeSet<u32>,
+    container: &str,
+) -> Vec<String> {
+    let resets = faulty
+        .iter()
+        .filter(|f| f.fault == FaultKind::ResetRequired);
+    let notes = resets
+        .clone()
+        .filter(|f| !announced.contains(&f.index))
+        .map(|f| f.message(container))
+        .collect();
+    *announced = resets.map(|f| f.index).collect();
+    notes
+}
+
 /// Loads and initialises NVML from `lib` (`--nvml-lib`), else [`DEFAULT_LIB`] through
 /// the loader's search path. The probe and the event thread each hold one.
 pub fn open(lib: Option<&std::path::Path>) -> Result<Nvml, NvmlError> {
