@@ -52,6 +52,7 @@ pub const ENVIRONMENT: &str = "environment";
 pub const OUTPUT_DIR: &str = "output-dir";
 pub const INSTALL_TO: &str = "install-to";
 pub const COORDINATE: &str = "coordinate";
+pub const COORDINATE_FROM: &str = "coordinate-from";
 pub const FRAMEWORK: &str = "framework";
 pub const NPROC_PER_NODE: &str = "nproc-per-node";
 pub const SLOTS: &str = "slots";

@@ -105,6 +105,7 @@ pub struct Metrics {
     pub gpus_expected: Gauge,
     pub gpu_info: Family<GpuLabel, Gauge>,
     pub gpu_xid_errors: Family<XidLabel, Counter>,
+    pub gpu_xid_watched: Gauge,
     pub oom_kills: Family<ContainerLabel, Counter>,
     pub port_conflict: Family<PortLabel, Gauge>,
     pub health: Gauge,
@@ -137,6 +138,7 @@ impl Metrics {
             gpus_expected: Gauge::default(),
             gpu_info: Family::default(),
             gpu_xid_errors: Family::default(),
+            gpu_xid_watched: Gauge::default(),
             oom_kills: Family::default(),
             port_conflict: Family::default(),
             health: Gauge::default(),
@@ -174,6 +176,11 @@ impl Metrics {
             "gpu_xid_errors",
             "XID errors NVML reported since trainlet started, by GPU and XID; past 64 distinct GPU and XID pairs, the rest are counted with gpu, uuid and xid \"other\"",
             m.gpu_xid_errors.clone(),
+        );
+        registry.register(
+            "gpu_xid_watched",
+            "GPUs NVML's event API watches for XID errors (0 until registered, and where NVML registers none: counts and health are still polled)",
+            m.gpu_xid_watched.clone(),
         );
         registry.register(
             "oom_kills",

@@ -10,8 +10,11 @@ use crate::cluster::{ClusterConfig, order};
 /// Whether the agents of a job coordinate (see the module header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Coordinate {
-    /// From [`COORDINATE_FROM`] pods on, as far as this agent can tell.
-    Auto,
+    /// From `from` pods on (`--coordinate-from`, [`COORDINATE_FROM`] by default), as
+    /// far as this agent can tell.
+    Auto {
+        from: usize,
+    },
     Always,
     Never,
 }
@@ -96,7 +99,10 @@ pub fn role(coordinate: Coordinate, cfg: &ClusterConfig, own: &Pod) -> Role {
         .jobs
         .iter()
         .all(|j| cfg.expected.contains_key(&j.task_type));
-    let large = (all_known && known >= COORDINATE_FROM) || index >= COORDINATE_FROM as u64;
+    let large = match coordinate {
+        Coordinate::Auto { from } => (all_known && known >= from) || index >= from as u64,
+        _ => false,
+    };
     match target {
         Role::Resolver => Role::Resolver,
         _ if coordinate == Coordinate::Always || large => target,
@@ -104,13 +110,13 @@ pub fn role(coordinate: Coordinate, cfg: &ClusterConfig, own: &Pod) -> Role {
     }
 }
 
-/// Whether a resolved job of `peers` pods coordinates: `always`, or `auto` from
-/// [`COORDINATE_FROM`] pods on. What the resolver publishes by, and what every agent
+/// Whether a resolved job of `peers` pods coordinates: `always`, or `auto` from its
+/// threshold on. What the resolver publishes by, and what every agent
 /// records for its reporters once it knows the job's size.
 pub fn coordinates(coordinate: Coordinate, peers: usize) -> bool {
     match coordinate {
         Coordinate::Always => true,
-        Coordinate::Auto => peers >= COORDINATE_FROM,
+        Coordinate::Auto { from } => peers >= from,
         Coordinate::Never => false,
     }
 }
@@ -118,6 +124,10 @@ pub fn coordinates(coordinate: Coordinate, peers: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const AUTO: Coordinate = Coordinate::Auto {
+        from: COORDINATE_FROM,
+    };
     use crate::cluster::selector;
     use crate::cluster::{AddressMode, Job, Namespaces, OrderMode, ReadyMode, Resolver};
 
@@ -159,10 +169,7 @@ mod tests {
     #[test]
     fn task_0_of_the_first_type_resolves() {
         let c = cfg(&[]);
-        assert_eq!(
-            role(Coordinate::Auto, &c, &own("ps", Some(0))),
-            Role::Resolver
-        );
+        assert_eq!(role(AUTO, &c, &own("ps", Some(0))), Role::Resolver);
         assert_eq!(
             role(Coordinate::Always, &c, &own("ps", Some(0))),
             Role::Resolver
@@ -217,21 +224,46 @@ mod tests {
         let large = cfg(&[("ps", 1), ("worker", 383)]);
         let half = cfg(&[("worker", 1000)]);
         let w = own("worker", Some(5));
-        assert_eq!(role(Coordinate::Auto, &small, &w), Role::Alone);
+        assert_eq!(role(AUTO, &small, &w), Role::Alone);
         assert_eq!(
-            role(Coordinate::Auto, &large, &w),
+            role(AUTO, &large, &w),
             Role::Follower {
                 selector: FOLLOW_PS0.into()
             }
         );
         // Not every count known: only this pod's own index can tell.
-        assert_eq!(role(Coordinate::Auto, &half, &w), Role::Alone);
+        assert_eq!(role(AUTO, &half, &w), Role::Alone);
         assert_eq!(
-            role(Coordinate::Auto, &half, &own("worker", Some(384))),
+            role(AUTO, &half, &own("worker", Some(384))),
             Role::Follower {
                 selector: FOLLOW_PS0.into()
             }
         );
+    }
+
+    #[test]
+    fn auto_coordinates_from_its_threshold() {
+        let four = cfg(&[("ps", 1), ("worker", 3)]);
+        let w = own("worker", Some(1));
+        let from = |n| Coordinate::Auto { from: n };
+        assert_eq!(
+            role(from(4), &four, &w),
+            Role::Follower {
+                selector: FOLLOW_PS0.into()
+            }
+        );
+        assert_eq!(role(from(5), &four, &w), Role::Alone);
+        // An index at the threshold tells on its own.
+        assert_eq!(
+            role(from(5), &cfg(&[("worker", 9)]), &own("worker", Some(5))),
+            Role::Follower {
+                selector: FOLLOW_PS0.into()
+            }
+        );
+        assert!(coordinates(from(4), 4));
+        assert!(!coordinates(from(5), 4));
+        assert!(coordinates(AUTO, 384) && !coordinates(AUTO, 383));
+        assert!(coordinates(Coordinate::Always, 1) && !coordinates(Coordinate::Never, 10_000));
     }
 
     #[test]

@@ -166,14 +166,29 @@ pub struct OutputArgs {
     #[arg(long = flags::INSTALL_TO, env = "TRAINLET_INSTALL_TO", value_name = "DIR")]
     pub install_to: Option<PathBuf>,
 
-    /// Whether the agents of a job coordinate: `auto` from 384 pods on (as far as
-    /// --expect or this pod's index tell), `always`, or `never`. Coordinated, only the
+    /// Whether the agents of a job coordinate: `auto` from --coordinate-from pods on
+    /// (384; as far as --expect or this pod's index tell), `always`, or `never`. Coordinated, only the
     /// pod of task 0 of the first type watches every peer and publishes the cluster on
     /// its pod (annotation trainlet.io/resolution); every other agent watches that one
     /// pod, so a job of N pods costs the API server O(N) instead of O(N²). It needs
     /// index labels (Indexed Jobs, StatefulSets) and one selector for the first type.
     #[arg(long = flags::COORDINATE, env = "TRAINLET_COORDINATE", value_enum, default_value_t = defaults::COORDINATE)]
     pub coordinate: Coordination,
+
+    /// The job size from which `--coordinate auto` coordinates: a job of at least N
+    /// pods (by --expect, or this pod's index being N or more). The default, 384, is
+    /// where coordinating became faster than every agent watching every peer on the
+    /// benchmark (docs/large-jobs.md); a lower N coordinates smaller jobs (where the
+    /// API server is shared more than the agents' CPUs, or to try coordinated mode on a
+    /// small job). At least 2.
+    #[arg(
+        long = flags::COORDINATE_FROM,
+        env = "TRAINLET_COORDINATE_FROM",
+        value_name = "N",
+        default_value_t = defaults::COORDINATE_FROM,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..)
+    )]
+    pub coordinate_from: usize,
 
     /// The frameworks whose variables go into trainlet.env and CMD's environment, next
     /// to TF_CONFIG, which is always there. Every framework's file is written either

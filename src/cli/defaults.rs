@@ -26,6 +26,8 @@ pub const TIMEOUT: &str = "10m";
 pub const NPROC_PER_NODE: &str = "auto";
 /// The agents of large jobs coordinate.
 pub const COORDINATE: Coordination = Coordination::Auto;
+/// `--coordinate auto` coordinates jobs of this many pods or more.
+pub const COORDINATE_FROM: usize = crate::bootstrap::COORDINATE_FROM;
 /// `exec`: a peer lost or replaced is reported; CMD runs on.
 pub const ON_PEER_CHANGE: PeerChange = PeerChange::Report;
 /// `exec`: a stall is reported; CMD runs on.

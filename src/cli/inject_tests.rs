@@ -355,6 +355,10 @@ fn init_flags_are_passed_through_only_when_set() {
         "4",
         "--nnodes",
         "2:4",
+        "--coordinate",
+        "always",
+        "--coordinate-from",
+        "16",
     ]);
     assert_eq!(
         cfg.init_args,
@@ -373,6 +377,8 @@ fn init_flags_are_passed_through_only_when_set() {
             "--output-dir=/run/tf",
             "--install-to=/run/tf/tools",
             "--timeout=1h",
+            "--coordinate=always",
+            "--coordinate-from=16",
             "--framework=pytorch,mpi",
             "--nproc-per-node=gpu",
             "--slots=4",

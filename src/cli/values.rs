@@ -90,10 +90,11 @@ pub enum Coordination {
     Never,
 }
 
-impl From<Coordination> for Coordinate {
-    fn from(c: Coordination) -> Self {
-        match c {
-            Coordination::Auto => Coordinate::Auto,
+impl Coordination {
+    /// The domain's value; `from` is `--coordinate-from`, which only `auto` uses.
+    pub fn with_threshold(self, from: usize) -> Coordinate {
+        match self {
+            Coordination::Auto => Coordinate::Auto { from },
             Coordination::Always => Coordinate::Always,
             Coordination::Never => Coordinate::Never,
         }

@@ -12,6 +12,10 @@ use crate::flags;
 /// The extended resource name of NVIDIA GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+/// The prefix of the NVIDIA device plugin's MIG resources (`mixed` strategy), e.g.
+/// `nvidia.com/mig-1g.10gb`: each unit is one MIG device.
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
 /// Whether a container is trainlet's own: named `trainlet...`, or running
 /// `trainlet sidecar`.
 pub fn is_trainlet_container(c: &Container) -> bool {
@@ -39,7 +43,9 @@ pub fn training_container<'a>(pod: &'a Pod, name: Option<&str>) -> Option<&'a Co
 }
 
 /// The expected GPU count: `--expect-gpus`, else the training container's
-/// `resources.limits["nvidia.com/gpu"]`.
+/// `resources.limits["nvidia.com/gpu"]` plus its `nvidia.com/mig-<profile>` limits
+/// (NVML shows each MIG device as one device: see [`super::probe::gpu`]). A limit
+/// that is not a whole number is left out; none at all is no expectation.
 pub fn expected_gpus(flag: Option<u32>, container: Option<&Container>) -> Option<Expected> {
     if let Some(n) = flag {
         return Some(Expected {
@@ -47,15 +53,23 @@ pub fn expected_gpus(flag: Option<u32>, container: Option<&Container>) -> Option
             source: flags::long(flags::EXPECT_GPUS),
         });
     }
-    let q = container?
-        .resources
-        .as_ref()?
-        .limits
-        .as_ref()?
-        .get(GPU_RESOURCE)?;
-    Some(Expected {
-        count: q.0.trim().parse().ok()?,
-        source: format!("resources.limits[\"{GPU_RESOURCE}\"]"),
+    let limits = container?.resources.as_ref()?.limits.as_ref()?;
+    let mut count = 0u32;
+    let mut sources = Vec::new();
+    // BTreeMap order: nvidia.com/gpu before nvidia.com/mig-*.
+    for (name, q) in limits {
+        if name != GPU_RESOURCE && !name.starts_with(MIG_RESOURCE_PREFIX) {
+            continue;
+        }
+        let Ok(n) = q.0.trim().parse::<u32>() else {
+            continue;
+        };
+        count = count.saturating_add(n);
+        sources.push(format!("resources.limits[\"{name}\"]"));
+    }
+    (!sources.is_empty()).then(|| Expected {
+        count,
+        source: sources.join(" + "),
     })
 }
 
@@ -222,6 +236,28 @@ mod tests {
             "--expect-gpus"
         );
         assert_eq!(memory_limit(c), Some("2Gi".into()));
+        let mig = container(serde_json::json!({"name": "trainer", "image": "x",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2", "memory": "2Gi"}}}));
+        assert_eq!(
+            expected_gpus(None, Some(&mig)),
+            Some(Expected {
+                count: 2,
+                source: "resources.limits[\"nvidia.com/mig-1g.10gb\"]".into()
+            })
+        );
+        let mixed = container(serde_json::json!({"name": "trainer", "image": "x",
+            "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1", "nvidia.com/gpu": "1",
+                "nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu-memory": "4"}}}));
+        assert_eq!(
+            expected_gpus(None, Some(&mixed)),
+            Some(Expected {
+                count: 4,
+                source: "resources.limits[\"nvidia.com/gpu\"] + resources.limits[\"nvidia.com/mig-1g.10gb\"] + resources.limits[\"nvidia.com/mig-2g.20gb\"]".into()
+            })
+        );
+        let none = container(serde_json::json!({"name": "trainer", "image": "x",
+            "resources": {"limits": {"memory": "2Gi"}}}));
+        assert_eq!(expected_gpus(None, Some(&none)), None);
         let side = container(
             serde_json::json!({"name": "reporter", "image": "x", "command": ["/bin/trainlet"], "args": ["sidecar", "--interval", "5s"]}),
         );

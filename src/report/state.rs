@@ -4,8 +4,9 @@
 //! event, and publishes what it returns through the outbox.
 //!
 //! Health is `degraded` while a person should look: fewer GPUs than expected, GPUs
-//! expected but NVML unavailable, GPUs lost since they were seen, a critical XID
-//! error, a port conflict, or an OOM kill since trainlet started. Events fire on transitions only: a mismatch is announced once, not every
+//! expected but NVML unavailable, GPUs lost since they were seen, a GPU that needs a
+//! reset or does not answer, a critical XID error, a port conflict, or an OOM kill
+//! since trainlet started. Events fire on transitions only: a mismatch is announced once, not every
 //! interval.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +16,9 @@ use serde::{Deserialize, Serialize};
 pub use super::budget::REPORT_MAX;
 use crate::cluster::drift::{self, Drift, Held};
 use crate::publish::keys;
+use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
-use crate::report::probe::gpu::{self, Expected, GpuDevice, GpuInfo, GpuStatus};
+use crate::report::probe::gpu::{self, Expected, GpuDevice, GpuFault, GpuInfo, GpuStatus};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{self, PortEntry, PortState};
 
@@ -47,6 +49,12 @@ pub struct GpuSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     pub devices: Vec<GpuDevice>,
+    /// GPUs NVML counts but cannot query (lost, needing a reset), while they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub faulty: Vec<GpuFault>,
+    /// Which GPUs NVML's event API watches for XID errors, once registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xid_watch: Option<XidWatch>,
     /// Why GPUs that were seen are gone, while they are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost: Option<String>,
@@ -148,6 +156,8 @@ pub struct Observed<'a> {
     /// NVML's event thread reported the GPUs lost.
     pub gpu_lost: Option<&'a str>,
     pub xids: &'a XidLedger,
+    /// Which GPUs NVML's event API watches, once registered.
+    pub xid_watch: Option<&'a XidWatch>,
     /// Why the GPUs cannot be seen at all (a sidecar without GPUs or observations).
     pub gpu_unknown: Option<&'a str>,
     pub exec: Option<&'a ExecMark>,
@@ -174,10 +184,13 @@ pub fn assemble(o: Observed<'_>) -> Report {
     let lost = if o.gpu_unknown.is_some() {
         None
     } else {
-        lost(&o)
+        gpu::lost(o.gpu, o.gpus_seen, o.gpu_lost, o.container)
     };
     if let Some(why) = &lost {
         reasons.push(why.clone());
+    }
+    if o.gpu_unknown.is_none() {
+        reasons.extend(gpu::fault_reasons(o.gpu, o.container));
     }
     // A few critical XIDs by name, the rest summed up: one GPU can report many, and
     // the reasons after them (a port conflict) must still fit in the report.
@@ -242,6 +255,8 @@ pub fn assemble(o: Observed<'_>) -> Report {
             nvml: o.gpu.nvml_status(),
             driver: o.gpu.driver.clone(),
             devices: o.gpu.devices.clone(),
+            faulty: o.gpu.faulty.clone(),
+            xid_watch: o.xid_watch.cloned(),
             lost,
             xid_errors: o
                 .xids
@@ -274,25 +289,6 @@ pub fn assemble(o: Observed<'_>) -> Report {
         cluster,
         truncated: false,
     }
-}
-
-/// Why GPUs that NVML showed are gone, if they are: fewer now than the most seen (a
-/// GPU fallen off the bus, "Failed to initialize NVML: Unknown Error" after the
-/// container lost its device nodes), or NVML's event thread said so.
-fn lost(o: &Observed<'_>) -> Option<String> {
-    if let Some(why) = o.gpu_lost {
-        return Some(format!("container {} lost its GPUs: {why}", o.container));
-    }
-    let now = o.gpu.count();
-    (now < o.gpus_seen).then(|| {
-        format!(
-            "container {} saw {} GPU{} and now sees {now} (NVML: {})",
-            o.container,
-            o.gpus_seen,
-            if o.gpus_seen == 1 { "" } else { "s" },
-            o.gpu.nvml_status()
-        )
-    })
 }
 
 /// The report as JSON of at most [`REPORT_MAX`] bytes: see [`super::budget`].
@@ -344,6 +340,8 @@ pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Optio
 pub struct Announced {
     gpu: Option<(GpuStatus, u32)>,
     conflicts: BTreeSet<u16>,
+    /// The GPUs announced as needing a reset, by index.
+    resets: BTreeSet<u32>,
     /// Why the GPUs are gone, as first announced: NVML's event thread and the probe's
     /// count can both tell, in either order, and the report says what the Event said.
     lost: Option<String>,
@@ -376,6 +374,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
                 } else {
                     Err(gpu::Unavailable::QueryFailed { why: String::new() })
                 },
+                faulty: report.gpu.faulty.clone(),
             };
             let was = announced.gpu.as_ref().map(|(s, _)| s.clone());
             match report.gpu.status {
@@ -409,6 +408,10 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
         }
         None => announced.lost = None,
         Some(_) => {}
+    }
+    for note in gpu::new_resets(&report.gpu.faulty, &mut announced.resets, &report.container) {
+        out.push(("GPUResetRequired", note));
+        urgent = true;
     }
     let conflicts: BTreeSet<u16> = report
         .ports
@@ -496,6 +499,8 @@ pub struct PreviousGpu {
     #[serde(default)]
     pub lost: Option<String>,
     #[serde(default)]
+    pub faulty: Vec<GpuFault>,
+    #[serde(default)]
     pub xid_errors: Vec<XidCount>,
 }
 
@@ -520,6 +525,7 @@ impl State {
             .map(|p| p.port)
             .collect();
         self.announced.lost = prev.gpu.lost.clone();
+        gpu::new_resets(&prev.gpu.faulty, &mut self.announced.resets, "");
     }
 
     /// Evaluates the latest observations.
@@ -592,7 +598,7 @@ fn summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::probe::gpu::Unavailable;
+    use crate::report::probe::gpu::{FaultKind, Unavailable};
     use crate::report::probe::ports::{ConflictReason, Owner};
 
     fn gpus(n: u32) -> GpuInfo {
@@ -603,23 +609,21 @@ mod tests {
                     uuid: format!("GPU-{i}"),
                     name: "Fake GPU".into(),
                     memory_total_bytes: 16 << 30,
+                    mig: None,
                 })
                 .collect(),
             driver: Some("550.54.15".into()),
             nvml: Ok(()),
+            faulty: vec![],
         }
     }
 
     /// No GPU: the NVML library is not there, for `why`.
     fn no_nvml(why: &str) -> GpuInfo {
-        GpuInfo {
-            devices: vec![],
-            driver: None,
-            nvml: Err(Unavailable::LibraryNotFound {
-                lib: "libnvidia-ml.so.1".into(),
-                why: why.into(),
-            }),
-        }
+        GpuInfo::unavailable(Unavailable::LibraryNotFound {
+            lib: "libnvidia-ml.so.1".into(),
+            why: why.into(),
+        })
     }
 
     fn limit(n: u32) -> Expected {
@@ -754,6 +758,7 @@ mod tests {
         let none = GpuInfo {
             devices: vec![],
             driver: None,
+            faulty: vec![],
             nvml: Err(Unavailable::InitFailed {
                 why: "NVIDIA driver is not loaded".into(),
             }),
@@ -993,6 +998,7 @@ mod tests {
         let gone = GpuInfo {
             devices: vec![],
             driver: None,
+            faulty: vec![],
             nvml: Err(Unavailable::QueryFailed {
                 why: "GPU is lost".into(),
             }),
@@ -1009,6 +1015,152 @@ mod tests {
         // Back: ok again.
         let s = step_gpu(&mut state, &gpus(4), 4, &XidLedger::default());
         assert_eq!(s.report.health, Health::Ok);
+    }
+
+    /// Four GPUs, `bad` of them faulty with `kind`: what the probe returns when NVML
+    /// counts them but their queries fail.
+    fn with_fault(bad: u32, kind: FaultKind, why: &str) -> GpuInfo {
+        let mut g = gpus(4);
+        g.devices.retain(|d| d.index != bad);
+        g.faulty = vec![GpuFault {
+            index: bad,
+            uuid: format!("GPU-{bad}"),
+            fault: kind,
+            why: why.into(),
+        }];
+        g
+    }
+
+    #[test]
+    fn one_lost_gpu_is_named_and_the_others_still_count() {
+        let mut state = State::default();
+        let e = limit(4);
+        let xids = XidLedger::default();
+        let step = |state: &mut State, g: &GpuInfo| {
+            state.step(Observed {
+                gpus_seen: 4,
+                xids: &xids,
+                ..observed(g, Some(&e))
+            })
+        };
+        assert!(step(&mut state, &gpus(4)).events.is_empty());
+        let g = with_fault(
+            2,
+            FaultKind::Lost,
+            "device fell off the bus or has otherwise become inacessible",
+        );
+        let s = step(&mut state, &g);
+        let mismatch = "container trainer sees 3 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])";
+        let lost = "container trainer lost GPU 2 (GPU-2): NVML reports the GPU is lost";
+        assert_eq!(s.report.health, Health::Degraded);
+        assert_eq!(s.report.reasons, [mismatch, lost]);
+        assert_eq!(
+            s.events,
+            [
+                ("GPUCountMismatch", mismatch.to_string()),
+                ("GPULost", lost.to_string())
+            ]
+        );
+        assert_eq!(s.annotations[keys::GPU_COUNT], Some("3".into()));
+        let v: serde_json::Value = serde_json::from_str(&render(&s.report)).unwrap();
+        assert_eq!(v["gpu"]["lost"], lost);
+        assert_eq!(
+            v["gpu"]["faulty"],
+            serde_json::json!([{"index": 2, "uuid": "GPU-2", "fault": "lost",
+                "why": "device fell off the bus or has otherwise become inacessible"}])
+        );
+        assert_eq!(
+            v["gpu"]["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["index"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            [0, 1, 3]
+        );
+        // Still lost: nothing new.
+        assert!(step(&mut state, &g).events.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_that_requires_a_reset_is_announced_once_as_such() {
+        let mut state = State::default();
+        let e = limit(4);
+        let xids = XidLedger::default();
+        let step = |state: &mut State, g: &GpuInfo| {
+            state.step(Observed {
+                gpus_seen: 4,
+                xids: &xids,
+                ..observed(g, Some(&e))
+            })
+        };
+        step(&mut state, &gpus(4));
+        let g = with_fault(
+            1,
+            FaultKind::ResetRequired,
+            "device requires a reset before it can be used again",
+        );
+        let s = step(&mut state, &g);
+        let mismatch = "container trainer sees 3 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])";
+        let reset = "container trainer cannot use GPU 1 (GPU-1): NVML says it requires a reset (device requires a reset before it can be used again); reset the GPU or reboot the node";
+        assert_eq!(s.report.reasons, [mismatch, reset]);
+        assert_eq!(s.report.gpu.lost, None);
+        assert_eq!(
+            s.events,
+            [
+                ("GPUCountMismatch", mismatch.to_string()),
+                ("GPUResetRequired", reset.to_string())
+            ]
+        );
+        assert!(s.urgent);
+        assert!(step(&mut state, &g).events.is_empty());
+        // A restarted reporter does not announce it again.
+        let json = render(&step(&mut state, &g).report);
+        let mut again = State::default();
+        again.seed(&Previous::parse(&json).unwrap());
+        assert!(step(&mut again, &g).events.is_empty());
+        // Reset: ok, and a later need for a reset is news again.
+        assert_eq!(step(&mut state, &gpus(4)).report.health, Health::Ok);
+        assert_eq!(step(&mut state, &g).events.len(), 2);
+    }
+
+    #[test]
+    fn mig_devices_count_against_mig_limits() {
+        let mig = GpuInfo {
+            devices: (0..2)
+                .map(|j| GpuDevice {
+                    index: 0,
+                    uuid: format!("MIG-{j}"),
+                    name: "NVIDIA A100-SXM4-80GB MIG 1g.10gb".into(),
+                    memory_total_bytes: 9728 << 20,
+                    mig: Some(j),
+                })
+                .collect(),
+            driver: None,
+            nvml: Ok(()),
+            faulty: vec![],
+        };
+        let two = Expected {
+            count: 2,
+            source: "resources.limits[\"nvidia.com/mig-1g.10gb\"]".into(),
+        };
+        let r = assemble(Observed {
+            gpus_seen: 2,
+            ..observed(&mig, Some(&two))
+        });
+        assert_eq!(r.health, Health::Ok);
+        assert_eq!(r.gpu.status, GpuStatus::Ok);
+        let three = Expected { count: 3, ..two };
+        let r = assemble(Observed {
+            gpus_seen: 2,
+            ..observed(&mig, Some(&three))
+        });
+        assert_eq!(
+            r.reasons,
+            [
+                "container trainer sees 2 GPUs (NVIDIA A100-SXM4-80GB MIG 1g.10gb) but 3 are expected (resources.limits[\"nvidia.com/mig-1g.10gb\"])"
+            ]
+        );
     }
 
     fn reasons(s: &Step) -> Vec<&str> {
@@ -1220,6 +1372,7 @@ mod tests {
             gpus_seen: 0,
             gpu_lost: None,
             xids: &NO_XIDS,
+            xid_watch: None,
             gpu_unknown: None,
             exec: None,
             cluster: None,

@@ -559,3 +559,77 @@ async fn a_resolution_that_does_not_fit_the_pods_annotations_fails_the_resolver(
     assert!(!annotations.contains_key("trainlet.io/resolution"));
     delete_namespace(&client, &ns).await;
 }
+
+/// `--coordinate auto` switches at its threshold (`--coordinate-from`, lowered here so
+/// that 4 pods can cross it): with 4, the job of 4 (by --expect) coordinates: ps-0
+/// resolves, watches every peer and publishes, the workers follow it and watch only
+/// ps-0; with 5 nobody coordinates, every agent watches every peer, and nothing is
+/// published. The threshold also comes from TRAINLET_COORDINATE_FROM.
+#[tokio::test]
+async fn auto_coordinates_from_its_threshold_on() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-auto").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.41.0.{}", i + 1)).await;
+    }
+    let port = free_port().to_string();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (from, by_env) in [("5", false), ("4", true)] {
+        let runs: Vec<_> = pods
+            .iter()
+            .map(|(name, _)| {
+                let d = tempfile::tempdir().unwrap();
+                let mut cmd = agent(&ns, name, d.path(), &port, "auto", "60s");
+                if by_env {
+                    cmd.env("TRAINLET_COORDINATE_FROM", from);
+                } else {
+                    cmd.args(["--coordinate-from", from]);
+                }
+                (d, spawn(cmd))
+            })
+            .collect();
+        let mut roles = Vec::new();
+        for ((name, _), (d, h)) in pods.iter().zip(runs) {
+            let r = h.await.unwrap();
+            assert_eq!(r.code, 0, "from {from}, {name}: {}", r.stderr);
+            let (_, coordination) = cluster_json(d.path());
+            let role = match coordination["role"].as_str() {
+                Some("resolver") => "resolver: watches every peer".to_string(),
+                Some("follower") => format!(
+                    "follower: watches {}",
+                    coordination["resolver"].as_str().unwrap()
+                ),
+                _ => "alone: watches every peer".to_string(),
+            };
+            roles.push((name.clone(), role));
+        }
+        let published = api
+            .get("ps-0")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("trainlet.io/resolution");
+        let every = |role: &str| {
+            pods.iter()
+                .map(|(n, _)| (n.clone(), role.to_string()))
+                .collect::<Vec<_>>()
+        };
+        if from == "5" {
+            assert_eq!(roles, every("alone: watches every peer"));
+            assert!(
+                !published,
+                "a job of 4 below a threshold of 5 publishes nothing"
+            );
+        } else {
+            let follow = format!("follower: watches role=ps,{INDEX}=0");
+            let mut want = every(&follow);
+            want[0].1 = "resolver: watches every peer".into();
+            assert_eq!(roles, want);
+            assert!(published, "ps-0 publishes the resolution");
+        }
+    }
+}

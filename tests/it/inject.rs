@@ -5,6 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use serde_json::json;
+
 use crate::support::*;
 
 fn fixture(name: &str) -> PathBuf {
@@ -521,4 +523,117 @@ spec:
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
     assert_eq!(svc["spec"]["selector"], serde_json::json!({"app": "mnist"}));
+}
+
+/// `inject --wrap --stall-after --on-stall --progress-pattern`: the wrapped container's
+/// command, as the API server stores it, carries the three flags exactly; run as the
+/// kubelet would run it (its command and env, with this build's trainlet and local
+/// directories), it honours them. CMD prints one `step` line and then only noise:
+/// under the pattern the noise is no progress, so after 5 s the stall stops CMD and
+/// exec exits 8 (`--on-stall exit`). Without the pattern the noise would be progress.
+#[tokio::test]
+async fn inject_writes_the_stall_watch_into_the_command_and_the_pod_honours_it() {
+    let client = admin().await;
+    let ns = namespace(&client, "inject-stall").await;
+    let job = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: stall
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: train
+          image: registry.example.com/train:1
+          command: [sh, -c, "echo step 1; while :; do echo noise; sleep 0.5; done"]
+"#;
+    let injected = inject_stdin(
+        &[
+            "--job",
+            "worker=batch.kubernetes.io/job-name=stall",
+            "--wrap",
+            "train",
+            "--stall-after",
+            "5s",
+            "--on-stall",
+            "exit",
+            "--progress-pattern",
+            r"step (\d+)",
+        ],
+        job,
+    );
+    assert_eq!(injected.code, 0, "{}", injected.stderr);
+    let applied = server_dry_run(&ns, &injected.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let train = &applied["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        train["command"],
+        serde_json::json!([
+            "/etc/trainlet/bin/trainlet",
+            "exec",
+            "--report",
+            "--stall-after=5s",
+            "--on-stall=exit",
+            r"--progress-pattern=step (\d+)",
+            "--",
+            "sh",
+            "-c",
+            "echo step 1; while :; do echo noise; sleep 0.5; done"
+        ])
+    );
+    let env: Vec<(&str, &str)> = train["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("TRAINLET_METRICS_ADDR", "off"),
+            ("TRAINLET_OBSERVATIONS", "/run/trainlet-observed")
+        ]
+    );
+
+    // The kubelet's part: the container's command and env, with the paths of this
+    // machine for the volumes (trainlet's files and the observations).
+    let dir = tempfile::tempdir().unwrap();
+    write_tf_config(dir.path(), free_port());
+    let observed = dir.path().join("observed");
+    std::fs::create_dir(&observed).unwrap();
+    let args: Vec<&str> = train["command"].as_array().unwrap()[1..]
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let mut pod = trainlet();
+    pod.args(&args)
+        .env("TRAINLET_METRICS_ADDR", "off")
+        .env("TRAINLET_OBSERVATIONS", &observed)
+        .env("TRAINLET_OUTPUT_DIR", dir.path());
+    let r = run(&mut pod);
+    assert_eq!(r.code, 8, "{}", r.stderr);
+    assert!(r.stdout.starts_with("step 1\nnoise\n"), "{}", r.stdout);
+    assert!(
+        r.stdout.lines().skip(1).all(|l| l == "noise"),
+        "{}",
+        r.stdout
+    );
+    let seen: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(observed.join("exec.json")).unwrap()).unwrap();
+    assert_eq!(seen["exited"], 8, "{seen}");
+    // The stall as exec handed it over: the pattern's step, 5 s, one stall.
+    let p = &seen["progress"];
+    assert_eq!(
+        (&p["step"], &p["stalled"], &p["stalls"], &p["after_ms"]),
+        (&json!(1.0), &json!(true), &json!(1), &json!(5000)),
+        "{seen}"
+    );
+    assert!(
+        p["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("no progress for 5s; last step 1 in \"step 1\"; "),
+        "{seen}"
+    );
 }

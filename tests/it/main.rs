@@ -61,6 +61,7 @@ mod report_gpu;
 mod report_handover;
 mod report_lifecycle;
 mod report_limits;
+mod report_nvml;
 mod report_oom;
 mod report_ports;
 mod stall;

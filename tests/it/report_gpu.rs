@@ -315,6 +315,11 @@ async fn xid_errors_are_counted_and_a_lost_gpu_is_announced() {
     let mut r = Reporter::start(cmd);
     wait_annotation(&client, &ns, "train-0", "trainlet.io/health", "ok").await;
     r.wait_ready().await;
+    // NVML's event set sees only what happens after registration.
+    eventually("the 4 GPUs registered", Duration::from_secs(20), || async {
+        (metric(&r.metrics().await, "trainlet_gpu_xid_watched") == Some(4.0)).then_some(())
+    })
+    .await;
 
     let series =
         "trainlet_gpu_xid_errors_total{gpu=\"2\",uuid=\"GPU-00000000-fake-0002\",xid=\"79\"}";

@@ -341,3 +341,117 @@ Job queued: not admitted: suspended in Kueue queue gpu (spec.suspend: true)
         );
     }
 }
+
+/// `trainlet status` from what real reporters published, not from hand-written
+/// annotations: pod `mnist-0` runs `trainlet exec --report --stall-after 2s` (its CMD
+/// prints `step 7` and hangs: stalled) on four fake GPUs, pod `mnist-1` runs the
+/// sidecar against a fake NVML on which GPU 2 is lost. The HEALTH, GPUS and PROGRESS
+/// columns and the degraded verdict are what those annotations say.
+#[tokio::test]
+async fn status_reads_what_a_real_sidecar_and_exec_published() {
+    use crate::report_support::{Reporter, fake_nvml, wait_annotation};
+
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "status-real", dir.path()).await;
+    let viewer = viewer(&client, &ns, dir.path()).await;
+    job(&client, &ns, "mnist", false, json!({})).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for i in 0..2 {
+        let name = format!("mnist-{i}");
+        pod(&name)
+            .labels(&format!(
+                "batch.kubernetes.io/job-name=mnist,batch.kubernetes.io/job-completion-index={i}"
+            ))
+            .gpus(4)
+            .annotation("trainlet.io/task", &format!("worker/{i}"))
+            .create(&client, &ns)
+            .await;
+        kubelet.run(&name, &format!("10.1.0.{}", i + 2)).await;
+    }
+    let lib = fake_nvml().to_str().unwrap();
+    let exec_dir = dir.path().join("exec");
+    std::fs::create_dir(&exec_dir).unwrap();
+    write_tf_config(&exec_dir, free_port());
+    let mut exec = exec_cmd(
+        &kc,
+        &ns,
+        "mnist-0",
+        &exec_dir,
+        &[
+            "--nvml-lib",
+            lib,
+            "--stall-after",
+            "2s",
+            "--on-stall",
+            "report",
+            "--progress-pattern",
+            r"step (\d+)",
+            "--",
+            "sh",
+            "-c",
+            "echo step 7; sleep 600",
+        ],
+    );
+    exec.env("FAKE_NVML_COUNT", "4");
+    let _exec = Reporter::start(exec);
+    let faults = dir.path().join("nvml-faults");
+    std::fs::write(&faults, "2 15\n").unwrap();
+    let mut sidecar = sidecar_cmd(&kc, &ns, "mnist-1", &["--nvml-lib", lib]);
+    sidecar
+        .env("FAKE_NVML_COUNT", "4")
+        .env("FAKE_NVML_FAULTS", &faults);
+    let _sidecar = Reporter::start(sidecar);
+
+    wait_annotation(&client, &ns, "mnist-1", "trainlet.io/health", "degraded").await;
+    wait_annotation(&client, &ns, "mnist-1", "trainlet.io/gpu-count", "3").await;
+    let progress = eventually(
+        "mnist-0 stalled",
+        std::time::Duration::from_secs(30),
+        || async {
+            let p: Pod = Api::namespaced(client.clone(), &ns)
+                .get("mnist-0")
+                .await
+                .unwrap();
+            let a = p.metadata.annotations.unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+            (v["stalled"] == true
+                && a.get("trainlet.io/gpu-count").map(String::as_str) == Some("4"))
+            .then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(
+        (&progress["step"], &progress["stalls"]),
+        (&json!(7.0), &json!(1))
+    );
+    // The clock as status shows it: the time of day when it is today.
+    let since = progress["since"].as_str().unwrap();
+    let (date, time) = since.split_once('T').unwrap();
+    let time = format!("{}Z", time.split(['.', 'Z']).next().unwrap());
+    let today = k8s_openapi::jiff::Timestamp::now().to_string();
+    let clock = if today.starts_with(date) {
+        time
+    } else {
+        format!("{date} {time}")
+    };
+    let stalled = format!("stalled since {clock} (step 7)");
+    let mismatch = "container trainer sees 3 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])";
+    let lost = "container trainer lost GPU 2: NVML reports the GPU is lost";
+    let r = run(trainlet()
+        .args(["status", "job/mnist", "--kubeconfig"])
+        .arg(&viewer));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // Columns are as wide as their widest cell, and three spaces apart.
+    let w = stalled.len();
+    let want = format!(
+        "\
+TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   {:w$}   LAST OOM   LAST EVENT
+worker/0   mnist-0   10.1.0.2   Running   ok         4/4    -         0          {stalled}   -          Stalled
+worker/1   mnist-1   10.1.0.3   Running   degraded   3/4    -         0          {:w$}   -          GPULost
+Job mnist: degraded: mnist-0 ({stalled}), mnist-1 ({mismatch}; {lost})
+",
+        "PROGRESS", "-"
+    );
+    assert_eq!(r.stdout, want);
+}

@@ -121,7 +121,7 @@ pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
         timeout: (!timeout.is_zero()).then_some(timeout),
         output_dir: a.output.output_dir.clone(),
         install_to: a.output.install_to.clone(),
-        coordinate: a.output.coordinate.into(),
+        coordinate: a.output.coordinate.with_threshold(a.output.coordinate_from),
         frameworks: framework_config(&a.cluster, &a.output)?,
         min_generation: None,
     })

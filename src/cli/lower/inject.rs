@@ -314,6 +314,9 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
     if o.coordinate != defaults::COORDINATE {
         init.push(with_value(f::COORDINATE, o.coordinate.name()));
     }
+    if o.coordinate_from != defaults::COORDINATE_FROM {
+        init.push(with_value(f::COORDINATE_FROM, o.coordinate_from));
+    }
     // The variables of the frameworks chosen land in trainlet.env, which the wrapped
     // container's `trainlet exec` (or a shell that sources it) starts with.
     if o.frameworks != [Framework::Tensorflow] {

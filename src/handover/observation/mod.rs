@@ -33,8 +33,9 @@ use thiserror::Error;
 use super::file::{self, ReadError};
 use crate::render::OutputError;
 
+use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::XidError;
-use crate::report::probe::gpu::{GpuDevice, GpuInfo, Unavailable};
+use crate::report::probe::gpu::{GpuDevice, GpuFault, GpuInfo, Unavailable};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{Owner, PortEntry, PortState};
 
@@ -145,6 +146,12 @@ pub struct GpuObservation {
     /// NVML's event thread reported the GPUs lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost: Option<String>,
+    /// GPUs NVML counts whose queries fail (lost, needing a reset).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faulty: Vec<GpuFault>,
+    /// Which GPUs NVML's event API watches, once registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_watch: Option<XidWatch>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -316,6 +323,19 @@ fn validate(o: &Observation) -> Result<(), String> {
         text("gpu.devices.uuid", &d.uuid, 96)?;
         text("gpu.devices.name", &d.name, 96)?;
     }
+    at_most("faulty GPUs", &g.faulty, MAX_DEVICES)?;
+    for f in &g.faulty {
+        text("gpu.faulty.uuid", &f.uuid, 96)?;
+        text("gpu.faulty.why", &f.why, MAX_TEXT)?;
+    }
+    if let Some(w) = &g.xid_watch {
+        at_most("watched GPUs", &w.watched, MAX_DEVICES)?;
+        at_most("unwatched GPUs", &w.unwatched, MAX_DEVICES)?;
+        for u in &w.unwatched {
+            text("gpu.xid_watch.unwatched.uuid", &u.uuid, 96)?;
+            text("gpu.xid_watch.unwatched.why", &u.why, MAX_TEXT)?;
+        }
+    }
     at_most("XID counts", &o.xids, MAX_XIDS)?;
     for x in &o.xids {
         text("xids.uuid", &x.error.uuid, 96)?;
@@ -432,6 +452,7 @@ impl Observation {
             devices: self.gpu.devices.clone(),
             driver: self.gpu.driver.clone(),
             nvml: self.gpu.unavailable.clone().map_or(Ok(()), Err),
+            faulty: self.gpu.faulty.clone(),
         }
     }
 

@@ -16,10 +16,13 @@ fn sample() -> Observation {
                     uuid: format!("GPU-{i}"),
                     name: "Fake GPU".into(),
                     memory_total_bytes: 16 << 30,
+                    mig: None,
                 })
                 .collect(),
             seen: 4,
             lost: None,
+            faulty: vec![],
+            xid_watch: None,
         },
         xids: vec![XidCountObservation {
             error: XidError {
@@ -95,6 +98,45 @@ fn an_observation_round_trips_exactly() {
     assert_eq!(
         back.gpu_info().nvml_status(),
         "unavailable: init failed: Unknown Error"
+    );
+}
+
+/// A GPU fault and the XID watch travel from exec to the sidecar, bounded like the
+/// rest.
+#[test]
+fn gpu_faults_and_the_xid_watch_round_trip_and_are_bounded() {
+    use crate::report::probe::gpu::events::Unwatched;
+    use crate::report::probe::gpu::{FaultKind, GpuFault};
+    let mut o = sample();
+    o.gpu.devices.remove(2);
+    o.gpu.faulty = vec![GpuFault {
+        index: 2,
+        uuid: "GPU-2".into(),
+        fault: FaultKind::ResetRequired,
+        why: "device requires a reset before it can be used again".into(),
+    }];
+    o.gpu.xid_watch = Some(XidWatch {
+        watched: vec![0, 1, 3],
+        unwatched: vec![Unwatched {
+            gpu: 2,
+            uuid: "GPU-2".into(),
+            why: "the requested operation is not available on the target device".into(),
+        }],
+    });
+    let back = parse(&json(&o), "exec.json").unwrap();
+    assert_eq!(back, o);
+    assert_eq!(back.gpu_info().faulty, o.gpu.faulty);
+    let mut hostile = o.clone();
+    hostile.gpu.faulty[0].why = "reset \u{202E}me".into();
+    assert_eq!(
+        parse(&json(&hostile), "exec.json").unwrap_err().to_string(),
+        "exec.json: gpu.faulty.why holds an invisible or reordering character (U+202E)"
+    );
+    let mut many = o;
+    many.gpu.faulty = vec![many.gpu.faulty[0].clone(); MAX_DEVICES + 1];
+    assert_eq!(
+        parse(&json(&many), "exec.json").unwrap_err().to_string(),
+        "exec.json: more than 64 faulty GPUs"
     );
 }
 

@@ -34,7 +34,11 @@ impl Engine {
         let exec_gpu;
         let mut ports = Cow::Borrowed(&self.listeners.states);
         let mut unknown = None;
-        let (gpu, gpus_seen, gpu_lost) = match self.inbox.as_ref().and_then(|i| i.fresh(now)) {
+        let (gpu, gpus_seen, gpu_lost, xid_watch) = match self
+            .inbox
+            .as_ref()
+            .and_then(|i| i.fresh(now))
+        {
             Some(o) => {
                 exec_gpu = o.gpu_info();
                 ports.to_mut().extend(o.port_states());
@@ -44,7 +48,12 @@ impl Engine {
                 sources.push(format!(
                     "trainlet exec in container {container} (observations)"
                 ));
-                (&exec_gpu, o.gpu.seen, o.gpu.lost.as_deref())
+                (
+                    &exec_gpu,
+                    o.gpu.seen,
+                    o.gpu.lost.as_deref(),
+                    o.gpu.xid_watch.as_ref(),
+                )
             }
             None => {
                 if self.cfg.mode == Mode::Sidecar && self.gpus.info.count() == 0 {
@@ -57,7 +66,12 @@ impl Engine {
                         ),
                     });
                 }
-                (&self.gpus.info, self.gpus.seen, self.gpus.lost.as_deref())
+                (
+                    &self.gpus.info,
+                    self.gpus.seen,
+                    self.gpus.lost.as_deref(),
+                    self.gpus.watch.as_ref(),
+                )
             }
         };
         let mark = self.exec_mark();
@@ -81,6 +95,7 @@ impl Engine {
             gpus_seen,
             gpu_lost,
             xids: &self.gpus.xids,
+            xid_watch,
             gpu_unknown: unknown.as_deref(),
             exec: mark.as_ref(),
             // A pod on its way out (deleted, or stopped by its Job's success policy)
@@ -104,10 +119,13 @@ impl Engine {
             self.outbox.hurry();
         }
         // The first report waits (a little) for the peer watch's first list, so that it
-        // already says whether the cluster is current: one patch, not two.
+        // already says whether the cluster is current, and for NVML's event
+        // registration, so that it says which GPUs are watched: one patch, not two.
         let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
             && self.started.elapsed() < peer_watch::FIRST_LIST_WAIT;
-        if !peers_pending {
+        let gpus_pending =
+            self.gpus.registering() && self.started.elapsed() < super::gpu::REGISTRATION_WAIT;
+        if !peers_pending && !gpus_pending {
             let mut annotations = step.annotations;
             if let Some(text) = self.resolution() {
                 annotations.insert(crate::cluster::published::ANNOTATION.into(), Some(text));

@@ -5,14 +5,19 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::warn;
 
 use super::{Engine, handover};
-use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent};
+use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent, XidWatch};
 use crate::report::probe::gpu::xid::XidLedger;
 use crate::report::probe::gpu::{GpuInfo, GpuProbe};
+
+/// How long the first report waits for the event thread's registration, so that it
+/// already says which GPUs are watched: one patch, not two.
+pub(super) const REGISTRATION_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) struct Gpus {
     lib: Option<PathBuf>,
@@ -24,6 +29,8 @@ pub(super) struct Gpus {
     /// Why NVML's event thread said a GPU was lost, if it did.
     pub(super) lost: Option<String>,
     pub(super) xids: XidLedger,
+    /// Which GPUs NVML's event API watches, once the event thread has registered.
+    pub(super) watch: Option<XidWatch>,
     events: Option<UnboundedReceiver<GpuEvent>>,
     events_stop: Arc<AtomicBool>,
 }
@@ -37,10 +44,12 @@ impl Gpus {
                 devices: Vec::new(),
                 driver: None,
                 nvml: Ok(()),
+                faulty: Vec::new(),
             },
             seen: 0,
             lost: None,
             xids: XidLedger::default(),
+            watch: None,
             events: None,
             events_stop: Arc::new(AtomicBool::new(false)),
         }
@@ -73,9 +82,21 @@ impl Gpus {
     /// The next NVML event, or never when the thread is not running.
     pub(super) async fn next_event(&mut self) -> Option<GpuEvent> {
         match &mut self.events {
-            Some(rx) => rx.recv().await,
+            Some(rx) => {
+                let ev = rx.recv().await;
+                if ev.is_none() {
+                    // The thread ended (no NVML, or a lost GPU).
+                    self.events = None;
+                }
+                ev
+            }
             None => std::future::pending().await,
         }
+    }
+
+    /// Whether the event thread runs but has not yet said which GPUs it watches.
+    pub(super) fn registering(&self) -> bool {
+        self.events.is_some() && self.watch.is_none()
     }
 }
 
@@ -84,6 +105,10 @@ impl Engine {
     /// the next evaluation.
     pub(super) fn on_gpu_event(&mut self, ev: GpuEvent) {
         match ev {
+            GpuEvent::Watch(w) => {
+                self.metrics.gpu_xid_watched.set(w.watched.len() as i64);
+                self.gpus.watch = Some(w);
+            }
             GpuEvent::Xid(e) => {
                 let n = self.gpus.xids.record(e.clone());
                 warn!(count = n, "{}", e.message());

@@ -111,6 +111,8 @@ impl Engine {
                 devices: self.gpus.info.devices.clone(),
                 seen: self.gpus.seen,
                 lost: self.gpus.lost.clone(),
+                faulty: self.gpus.info.faulty.clone(),
+                xid_watch: self.gpus.watch.clone(),
             },
             xids: self
                 .gpus

@@ -464,6 +464,10 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     if let Some(root) = &engine.cfg.cgroup_root {
         engine.oom.resolve_container_cgroups(root, &engine.view);
     }
+    // What NVML shows, before the first report: a pod event or the event thread's
+    // registration can bring an evaluation before the loop's first probe, and the pod
+    // must not be told a count that nothing probed.
+    engine.gpus.probe();
     engine.gpus.watch_events();
     engine.watch_observations();
     engine.start_peer_watch();

@@ -18,6 +18,8 @@ pub struct PodSpec {
     hostname: Option<String>,
     subdomain: Option<String>,
     gpus: Option<u32>,
+    /// Further limits of the container, e.g. `nvidia.com/mig-1g.10gb`.
+    limits: BTreeMap<String, String>,
     container: String,
     owner: Option<Value>,
     service_account: Option<String>,
@@ -33,6 +35,7 @@ pub fn pod(name: &str) -> PodSpec {
         hostname: None,
         subdomain: None,
         gpus: None,
+        limits: BTreeMap::new(),
         container: "trainer".into(),
         owner: None,
         service_account: None,
@@ -66,6 +69,12 @@ impl PodSpec {
         self.gpus = Some(n);
         self
     }
+    /// A limit of the container (an extended resource such as
+    /// `nvidia.com/mig-1g.10gb`: `2`).
+    pub fn limit(mut self, resource: &str, value: &str) -> Self {
+        self.limits.insert(resource.into(), value.into());
+        self
+    }
     pub fn container(mut self, name: &str) -> Self {
         self.container = name.into();
         self
@@ -95,8 +104,12 @@ impl PodSpec {
                 .map(|(n, p)| json!({"name": n, "containerPort": p}))
                 .collect();
         }
+        let mut limits = self.limits.clone();
         if let Some(n) = self.gpus {
-            container["resources"] = json!({"limits": {"nvidia.com/gpu": n.to_string()}});
+            limits.insert("nvidia.com/gpu".into(), n.to_string());
+        }
+        if !limits.is_empty() {
+            container["resources"] = json!({ "limits": limits });
         }
         let mut spec = json!({"containers": [container], "restartPolicy": "Never"});
         if let Some(h) = &self.hostname {

@@ -1,6 +1,12 @@
 //! GPUs through NVML (nvml-wrapper): the count, each device's index, UUID, name and
 //! total memory, and the driver version.
 //!
+//! A GPU in MIG mode counts as its MIG devices (`MIG-` UUIDs), the units a
+//! `nvidia.com/mig-<profile>` limit (or the device plugin's `single` strategy) hands
+//! out. A GPU whose own queries fail while the others answer (NVML's "GPU is lost",
+//! "GPU requires reset") is a fault of that GPU, not of NVML: the others are still
+//! counted.
+//!
 //! NVML is loaded with `dlopen` at run time, so trainlet runs on machines without it:
 //! a missing library or a failing `nvmlInit` is a state to report, not a crash. Only
 //! when GPUs are expected does it make the pod `degraded` (GPUUnavailable).
@@ -17,13 +23,91 @@ use serde::{Deserialize, Serialize};
 /// The library NVML ships as, found through the dynamic loader's search path.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 
-/// One GPU.
+/// One GPU, or one MIG device of a GPU in MIG mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDevice {
+    /// The GPU's index (a MIG device's parent's).
     pub index: u32,
     pub uuid: String,
     pub name: String,
     pub memory_total_bytes: u64,
+    /// A MIG device's index on its GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<u32>,
+}
+
+/// What is wrong with a GPU whose own queries fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// `NVML_ERROR_GPU_IS_LOST`: fallen off the bus or otherwise inaccessible.
+    Lost,
+    /// `NVML_ERROR_RESET_REQUIRED`: unusable until the GPU is reset.
+    ResetRequired,
+    /// Any other error of this GPU's queries.
+    QueryFailed,
+}
+
+impl FaultKind {
+    pub fn of(e: &NvmlError) -> FaultKind {
+        match e {
+            NvmlError::GpuLost => FaultKind::Lost,
+            NvmlError::ResetRequired => FaultKind::ResetRequired,
+            _ => FaultKind::QueryFailed,
+        }
+    }
+}
+
+/// One GPU that NVML counts but cannot query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFault {
+    pub index: u32,
+    /// Its UUID as an earlier probe saw it; empty when none did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
+    pub fault: FaultKind,
+    /// NVML's error.
+    pub why: String,
+}
+
+impl GpuFault {
+    /// `GPU 2 (GPU-…)`, or `GPU 2` when its UUID was never seen.
+    pub fn name(&self) -> String {
+        if self.uuid.is_empty() {
+            format!("GPU {}", self.index)
+        } else {
+            format!("GPU {} ({})", self.index, self.uuid)
+        }
+    }
+
+    /// The reason a fault that is not a loss gives (losses are told together, by
+    /// [`lost_message`]).
+    pub fn message(&self, container: &str) -> String {
+        match self.fault {
+            FaultKind::Lost => lost_message(&[self], container),
+            FaultKind::ResetRequired => format!(
+                "container {container} cannot use {}: NVML says it requires a reset ({}); reset the GPU or reboot the node",
+                self.name(),
+                self.why
+            ),
+            FaultKind::QueryFailed => format!(
+                "container {container} cannot query {}: {}",
+                self.name(),
+                self.why
+            ),
+        }
+    }
+}
+
+/// `container trainer lost GPU 2 (GPU-…): NVML reports the GPU is lost`.
+pub fn lost_message(lost: &[&GpuFault], container: &str) -> String {
+    let names: Vec<String> = lost.iter().map(|f| f.name()).collect();
+    format!(
+        "container {container} lost {}: NVML reports the GPU{} {} lost",
+        names.join(", "),
+        if lost.len() == 1 { "" } else { "s" },
+        if lost.len() == 1 { "is" } else { "are" },
+    )
 }
 
 /// Why NVML cannot be used.
@@ -54,12 +138,25 @@ impl std::fmt::Display for Unavailable {
 /// What NVML shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
+    /// The devices that answer (MIG devices in place of a GPU in MIG mode).
     pub devices: Vec<GpuDevice>,
     pub driver: Option<String>,
     pub nvml: Result<(), Unavailable>,
+    /// GPUs NVML counts whose queries fail.
+    pub faulty: Vec<GpuFault>,
 }
 
 impl GpuInfo {
+    /// No devices, and why.
+    pub fn unavailable(u: Unavailable) -> GpuInfo {
+        GpuInfo {
+            devices: Vec::new(),
+            driver: None,
+            nvml: Err(u),
+            faulty: Vec::new(),
+        }
+    }
+
     pub fn count(&self) -> u32 {
         self.devices.len() as u32
     }
@@ -99,7 +196,8 @@ impl GpuInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Expected {
     pub count: u32,
-    /// `--expect-gpus` or `resources.limits["nvidia.com/gpu"]`.
+    /// `--expect-gpus`, `resources.limits["nvidia.com/gpu"]`, or the
+    /// `nvidia.com/mig-*` limits that make up the count.
     pub source: String,
 }
 
@@ -163,6 +261,62 @@ fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
+/// Why GPUs that NVML showed are gone, if they are: NVML's event thread said so
+/// (`event`), NVML says "GPU is lost" for some (named), or fewer answer now than the
+/// most `seen` ("Failed to initialize NVML: Unknown Error" after the container lost its
+/// device nodes). A GPU that needs a reset is not lost: it has a reason of its own.
+pub fn lost(info: &GpuInfo, seen: u32, event: Option<&str>, container: &str) -> Option<String> {
+    if let Some(why) = event {
+        return Some(format!("container {container} lost its GPUs: {why}"));
+    }
+    let lost: Vec<&GpuFault> = info
+        .faulty
+        .iter()
+        .filter(|f| f.fault == FaultKind::Lost)
+        .collect();
+    if !lost.is_empty() {
+        return Some(lost_message(&lost, container));
+    }
+    let now = info.count();
+    (now + (info.faulty.len() as u32) < seen).then(|| {
+        format!(
+            "container {container} saw {seen} GPU{} and now sees {now} (NVML: {})",
+            plural(seen),
+            info.nvml_status()
+        )
+    })
+}
+
+/// The reasons of the faults that are not losses (those are told by [`lost`]).
+pub fn fault_reasons<'a>(
+    info: &'a GpuInfo,
+    container: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    info.faulty
+        .iter()
+        .filter(|f| f.fault != FaultKind::Lost)
+        .map(move |f| f.message(container))
+}
+
+/// The notes of `GPUResetRequired` for the GPUs that need a reset and were not yet
+/// `announced`; `announced` becomes the GPUs that need one now.
+pub fn new_resets(
+    faulty: &[GpuFault],
+    announced: &mut std::collections::BTreeSet<u32>,
+    container: &str,
+) -> Vec<String> {
+    let resets = faulty
+        .iter()
+        .filter(|f| f.fault == FaultKind::ResetRequired);
+    let notes = resets
+        .clone()
+        .filter(|f| !announced.contains(&f.index))
+        .map(|f| f.message(container))
+        .collect();
+    *announced = resets.map(|f| f.index).collect();
+    notes
+}
+
 /// Loads and initialises NVML from `lib` (`--nvml-lib`), else [`DEFAULT_LIB`] through
 /// the loader's search path. The probe and the event thread each hold one.
 pub fn open(lib: Option<&std::path::Path>) -> Result<Nvml, NvmlError> {
@@ -170,16 +324,65 @@ pub fn open(lib: Option<&std::path::Path>) -> Result<Nvml, NvmlError> {
     Nvml::builder().lib_path(path).init()
 }
 
+/// `NVML_DEVICE_MIG_ENABLE` in nvml.h: a GPU's current MIG mode when it is on.
+const MIG_ENABLE: u32 = 1;
+
+/// The devices of GPU `i`: itself, or its MIG devices when it is in MIG mode (those
+/// NVML answers `NVML_ERROR_NOT_FOUND` for are not this container's); and the GPU's
+/// UUID.
+fn query(nvml: &Nvml, i: u32) -> Result<(String, Vec<GpuDevice>), NvmlError> {
+    let d = nvml.device_by_index(i)?;
+    let uuid = d.uuid()?;
+    let mig = match d.mig_mode() {
+        Ok(m) => m.current == MIG_ENABLE,
+        Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => return Err(e),
+        // Not supported (no MIG on this GPU), or an NVML too old to know.
+        Err(_) => false,
+    };
+    if !mig {
+        let device = GpuDevice {
+            index: i,
+            uuid: uuid.clone(),
+            name: d.name()?,
+            memory_total_bytes: d.memory_info().map(|m| m.total).unwrap_or(0),
+            mig: None,
+        };
+        return Ok((uuid, vec![device]));
+    }
+    let mut devices = Vec::new();
+    for j in 0..d.mig_device_count()? {
+        let m = match d.mig_device_by_index(j) {
+            Ok(m) => m,
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => return Err(e),
+        };
+        devices.push(GpuDevice {
+            index: i,
+            uuid: m.uuid()?,
+            name: m.name()?,
+            memory_total_bytes: m.memory_info().map(|m| m.total).unwrap_or(0),
+            mig: Some(j),
+        });
+    }
+    Ok((uuid, devices))
+}
+
 /// Loads NVML once and queries it on every probe; retries loading while it fails, so
 /// a driver that comes up late is picked up.
 pub struct GpuProbe {
     lib: Option<PathBuf>,
     nvml: Option<Nvml>,
+    /// Each GPU's UUID as last seen, to name a GPU that no longer answers.
+    known: std::collections::BTreeMap<u32, String>,
 }
 
 impl GpuProbe {
     pub fn new(lib: Option<PathBuf>) -> Self {
-        GpuProbe { lib, nvml: None }
+        GpuProbe {
+            lib,
+            nvml: None,
+            known: Default::default(),
+        }
     }
 
     fn lib_name(&self) -> String {
@@ -225,42 +428,40 @@ impl GpuProbe {
     pub fn probe(&mut self) -> GpuInfo {
         let nvml = match self.load() {
             Ok(n) => n,
-            Err(u) => {
-                return GpuInfo {
-                    devices: Vec::new(),
-                    driver: None,
-                    nvml: Err(u),
-                };
+            Err(u) => return GpuInfo::unavailable(u),
+        };
+        let count = match nvml.device_count() {
+            Ok(c) => c,
+            Err(e) => {
+                // NVML itself fails: drop the handle so the next probe starts clean.
+                self.nvml = None;
+                return GpuInfo::unavailable(Unavailable::QueryFailed { why: e.to_string() });
             }
         };
-        let result = (|| -> Result<GpuInfo, NvmlError> {
-            let count = nvml.device_count()?;
-            let mut devices = Vec::with_capacity(count as usize);
-            for i in 0..count {
-                let d = nvml.device_by_index(i)?;
-                devices.push(GpuDevice {
+        let driver = nvml.sys_driver_version().ok();
+        let answers: Vec<_> = (0..count).map(|i| (i, query(nvml, i))).collect();
+        let mut devices = Vec::new();
+        let mut faulty = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok((uuid, mut d)) => {
+                    self.known.insert(i, uuid);
+                    devices.append(&mut d);
+                }
+                Err(e) => faulty.push(GpuFault {
                     index: i,
-                    uuid: d.uuid()?,
-                    name: d.name()?,
-                    memory_total_bytes: d.memory_info().map(|m| m.total).unwrap_or(0),
-                });
+                    uuid: self.known.get(&i).cloned().unwrap_or_default(),
+                    fault: FaultKind::of(&e),
+                    why: e.to_string(),
+                }),
             }
-            Ok(GpuInfo {
-                devices,
-                driver: nvml.sys_driver_version().ok(),
-                nvml: Ok(()),
-            })
-        })();
-        result.unwrap_or_else(|e| {
-            // A GPU that fell off the bus: drop the handle so the next probe starts
-            // clean.
-            self.nvml = None;
-            GpuInfo {
-                devices: Vec::new(),
-                driver: None,
-                nvml: Err(Unavailable::QueryFailed { why: e.to_string() }),
-            }
-        })
+        }
+        GpuInfo {
+            devices,
+            driver,
+            nvml: Ok(()),
+            faulty,
+        }
     }
 }
 
@@ -276,10 +477,12 @@ mod tests {
                     uuid: format!("GPU-{i}"),
                     name: "NVIDIA H100 80GB HBM3".into(),
                     memory_total_bytes: 80 << 30,
+                    mig: None,
                 })
                 .collect(),
             driver: Some("550.54.15".into()),
             nvml,
+            faulty: vec![],
         }
     }
 
@@ -333,11 +536,7 @@ mod tests {
             v.to_string(),
             r#"{"GPU":1,"devices":[{"index":0,"uuid":"GPU-0","name":"NVIDIA H100 80GB HBM3","memory_total_bytes":85899345920}],"driver_version":"550.54.15","nvml":"ok"}"#
         );
-        let none = GpuInfo {
-            devices: vec![],
-            driver: None,
-            nvml: Err(Unavailable::InitFailed { why: "x".into() }),
-        };
+        let none = GpuInfo::unavailable(Unavailable::InitFailed { why: "x".into() });
         assert_eq!(none.to_json()["nvml"], "unavailable: init failed: x");
     }
 
