@@ -53,7 +53,12 @@ impl On {
     /// `trainlet inject` of a plain Job, as a user runs it (`--job worker=<its pods>
     /// --wrap main` and `flags`), then `kubectl apply`, failing on any warning. Returns
     /// what was applied, as JSON.
-    pub(crate) fn inject_and_apply(&self, plain: &Value, flags: &[&str], edit: impl FnOnce(&mut Value)) {
+    pub(crate) fn inject_and_apply(
+        &self,
+        plain: &Value,
+        flags: &[&str],
+        edit: impl FnOnce(&mut Value),
+    ) {
         let mut doc = inject(self.kc, plain, flags);
         edit(&mut doc);
         apply_clean(self.kc, &self.ns, &doc);

@@ -8,6 +8,7 @@ use std::os::unix::fs::symlink;
 use std::process::Command;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -77,10 +78,12 @@ fn published(task: &str, seen: u32) -> trainlet::report::state::Step {
                 uuid: format!("GPU-{i}"),
                 name: "Fake GPU".into(),
                 memory_total_bytes: 16 << 30,
+                mig: None,
             })
             .collect(),
         driver: Some("550.54.15".into()),
         nvml: Ok(()),
+        faulty: Default::default(),
     };
     let expected = Expected {
         count: 4,
@@ -106,6 +109,7 @@ fn published(task: &str, seen: u32) -> trainlet::report::state::Step {
         gpus_seen: seen,
         gpu_lost: None,
         xids: &XidLedger::default(),
+        xid_watch: None,
         gpu_unknown: None,
         exec: None,
         cluster: Some(&cluster),
