@@ -17,6 +17,10 @@
 //! The node, its own control plane and what every node test needs are in
 //! support/node.rs.
 //!
+//! The hostNetwork example (hostnetwork-pytorch) cannot run under `restricted`: its test
+//! applies it into a `privileged` namespace, holds ports on the node, checks the node's
+//! guard against traffic leaving the machine and replaces a pod (see that test).
+//!
 //! The JobSet example runs under the real JobSet controller (tests/node/jobset-controller,
 //! out of cluster, with its defaulting and validating webhooks), which must report the
 //! JobSet Completed.

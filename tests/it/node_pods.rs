@@ -2,7 +2,8 @@
 //! shipped examples (node_examples.rs): a real framework, the order of the native
 //! sidecar, the credentials, OOM kills inside a container's real memory limit, a port
 //! conflict in a pod's network namespace, the termination message, the failure policy
-//! on the kubelet's exit codes, and a replaced pod.
+//! on the kubelet's exit codes, a replaced pod, and `--address dns` with the node's
+//! cluster DNS (CoreDNS).
 //!
 //! Every workload is made as a user makes it: a plain Indexed Job, run through the built
 //! `trainlet inject` (the shipped layout: trainlet-init, the native sidecar, the
