@@ -610,6 +610,65 @@ fn the_examples_are_inject_output_of_their_originals() {
     }
 }
 
+/// The hostNetwork example is inject's output of its original with exactly the edits
+/// its header names: trainlet-init's `--master-port=29501`, the sidecar's
+/// `--metrics-addr=0.0.0.0:9465` and the Prometheus port annotation to match, the
+/// sidecar's containerPort removed (a host port on hostNetwork); nothing else.
+#[test]
+fn the_hostnetwork_example_is_inject_output_with_its_ports_edited() {
+    let args = [
+        "--job",
+        "worker=batch.kubernetes.io/job-name=ddp-hostnet",
+        "--framework",
+        "pytorch",
+        "--wrap",
+        "pytorch",
+        "--on-peer-change",
+        "restart",
+    ];
+    let out = inject(
+        include_str!("../../tests/fixtures/inject/hostnetwork-pytorch.orig.yaml"),
+        &config(&args),
+    )
+    .unwrap();
+    let mut want = docs(&out.yaml);
+    assert_eq!(want.len(), 1);
+    let template = &mut want[0]["spec"]["template"];
+    template["metadata"]["annotations"]["prometheus.io/port"] = "9465".into();
+    let spec = &mut template["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    let inits = spec["initContainers"].as_array_mut().unwrap();
+    assert_eq!(inits[0]["name"], "trainlet-init");
+    inits[0]["args"]
+        .as_array_mut()
+        .unwrap()
+        .push("--master-port=29501".into());
+    assert_eq!(inits[1]["name"], "trainlet");
+    inits[1]["args"]
+        .as_array_mut()
+        .unwrap()
+        .push("--metrics-addr=0.0.0.0:9465".into());
+    assert_eq!(
+        inits[1].as_object_mut().unwrap().remove("ports"),
+        Some(serde_json::json!([{"name": "trainlet", "containerPort": 9464}]))
+    );
+    assert_eq!(
+        spec["containers"][0]["command"],
+        serde_json::json!([
+            "/etc/trainlet/bin/trainlet",
+            "exec",
+            "--report",
+            "--on-peer-change=restart",
+            "--",
+            "torchrun",
+            "train.py"
+        ])
+    );
+    let example = include_str!("../../manifests/examples/hostnetwork-pytorch.yaml");
+    assert_eq!(docs(example), want);
+}
+
 #[test]
 fn every_trainlet_container_is_locked_down() {
     for args in [
@@ -818,6 +877,7 @@ fn no_token_reaches_the_training_containers() {
         include_str!("../../manifests/examples/tf-multiworker.yaml"),
         include_str!("../../manifests/examples/classic-sidecar-job.yaml"),
         include_str!("../../manifests/examples/failure-policy-job.yaml"),
+        include_str!("../../manifests/examples/hostnetwork-pytorch.yaml"),
     ];
     let injected = [
         inject(

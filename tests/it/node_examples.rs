@@ -17,6 +17,10 @@
 //! The node, its own control plane and what every node test needs are in
 //! support/node.rs.
 //!
+//! The hostNetwork example (hostnetwork-pytorch) cannot run under `restricted`: its test
+//! applies it into a `privileged` namespace, holds ports on the node, checks the node's
+//! guard against traffic leaving the machine and replaces a pod (see that test).
+//!
 //! The JobSet example runs under the real JobSet controller (tests/node/jobset-controller,
 //! out of cluster, with its defaulting and validating webhooks), which must report the
 //! JobSet Completed.
@@ -913,25 +917,24 @@ async fn all_examples_run_together_in_one_namespace() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     files.sort();
-    assert_eq!(
-        files,
-        EXAMPLES
-            .iter()
-            .map(|e| format!("{}.yaml", e.name))
-            .collect::<Vec<_>>(),
-        "a test for every example"
-    );
-    let dry = kubectl_clean(
-        kc,
-        &[
-            "apply",
-            "--dry-run=server",
-            "-n",
-            &ns,
-            "-f",
-            dir.to_str().unwrap(),
-        ],
-    );
+    // The hostNetwork example cannot run in a `restricted` namespace: it has a test of
+    // its own (hostnetwork_pytorch_...), in a `privileged` one.
+    let mut want: Vec<String> = EXAMPLES
+        .iter()
+        .map(|e| format!("{}.yaml", e.name))
+        .chain([format!("{HOSTNET}.yaml")])
+        .collect();
+    want.sort();
+    assert_eq!(files, want, "a test for every example");
+    let mut args = vec!["apply", "--dry-run=server", "-n", &ns];
+    let paths: Vec<String> = EXAMPLES
+        .iter()
+        .map(|e| dir.join(format!("{}.yaml", e.name)).display().to_string())
+        .collect();
+    for p in &paths {
+        args.extend(["-f", p.as_str()]);
+    }
+    let dry = kubectl_clean(kc, &args);
     let mut objects: Vec<&str> = dry.lines().collect();
     objects.sort();
     assert_eq!(
@@ -958,5 +961,457 @@ async fn all_examples_run_together_in_one_namespace() {
         "{:?}",
         out.pods.keys()
     );
+    delete_namespace(&client, &ns).await;
+}
+
+/// manifests/examples/hostnetwork-pytorch.yaml and tests/node/examples/<it>/.
+const HOSTNET: &str = "hostnetwork-pytorch";
+/// Its Job, its rendezvous port (trainlet-init's --master-port) and the node's address,
+/// which every hostNetwork pod has.
+const HOSTNET_JOB: &str = "ddp-hostnet";
+const HOSTNET_PORT: u16 = 29501;
+const NODE_IP: &str = "10.244.0.1";
+
+/// The hostNetwork example next to its kustomization, as [`overlay`] makes the others:
+/// the kustomization changes the training container's image, command (after
+/// `trainlet exec --report --on-peer-change=restart --`) and resources, nothing else.
+fn hostnet_overlay(kc: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = repo().join(format!("manifests/examples/{HOSTNET}.yaml"));
+    std::fs::copy(&shipped, dir.path().join(format!("{HOSTNET}.yaml"))).unwrap();
+    std::fs::copy(
+        repo().join(format!("tests/node/examples/{HOSTNET}/kustomization.yaml")),
+        dir.path().join("kustomization.yaml"),
+    )
+    .unwrap();
+    let mut got = as_json(
+        kc,
+        &kubectl_on(kc, &["kustomize", dir.path().to_str().unwrap()]),
+    );
+    let mut want = as_json(kc, &std::fs::read_to_string(&shipped).unwrap());
+    let got_main = pod_spec_mut(&mut got)["containers"][0].clone();
+    let main = &mut pod_spec_mut(&mut want)["containers"][0];
+    assert_eq!(main["name"], "pytorch");
+    assert_eq!(got_main["image"], "trainlet.test/trainer:1");
+    assert_eq!(
+        got_main["command"].as_array().unwrap()[..7],
+        [
+            json!("/etc/trainlet/bin/trainlet"),
+            json!("exec"),
+            json!("--report"),
+            json!("--on-peer-change=restart"),
+            json!("--"),
+            json!("sh"),
+            json!("-c")
+        ]
+    );
+    for key in ["image", "command", "resources"] {
+        main[key] = got_main[key].clone();
+    }
+    assert_eq!(
+        differences("", &got, &want),
+        Vec::<String>::new(),
+        "the kustomization changes more than the training container's image, command and resources"
+    );
+    let spec = pod_spec_mut(&mut got);
+    assert_eq!(
+        (&spec["hostNetwork"], &spec["dnsPolicy"]),
+        (&json!(true), &json!("ClusterFirstWithHostNet"))
+    );
+    dir
+}
+
+/// The Job's pods that still run (not being deleted, not ended), by index.
+async fn live_pods(client: &Client, ns: &str, job: &str) -> Vec<Pod> {
+    let mut live: Vec<Pod> = crate::support::jobs::job_pods(client, ns, job)
+        .await
+        .into_iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            p.metadata.deletion_timestamp.is_none()
+                && !matches!(phase, Some("Failed" | "Succeeded"))
+        })
+        .collect();
+    live.sort_by_key(crate::support::jobs::index_of);
+    live
+}
+
+/// What the overlay's command printed in a container's log (trainlet's own lines left
+/// out), one entry per run of the command, each starting at its first torch.env line.
+fn cmd_runs(log: &str) -> Vec<Vec<String>> {
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    for l in log.lines() {
+        if l.starts_with("torch.env: # Written by trainlet init") {
+            runs.push(Vec::new());
+        }
+        if l.starts_with("torch.env: ") || l.starts_with("trainer: ") || l == "done" {
+            runs.last_mut()
+                .unwrap_or_else(|| panic!("a line before torch.env: {l}\n{log}"))
+                .push(l.to_string());
+        }
+    }
+    runs
+}
+
+/// One run of the overlay's command in rank `rank` of the 2: torch.env, then the
+/// trainer's lines (comparable, as [`trainer_lines`] makes them), all on the node's
+/// address and the example's port.
+fn hostnet_run(rank: usize) -> (Vec<String>, Vec<String>) {
+    let files = [
+        "# Written by trainlet init. Source it: . torch.env".to_string(),
+        format!("export MASTER_ADDR='{NODE_IP}'"),
+        format!("export MASTER_PORT='{HOSTNET_PORT}'"),
+        "export WORLD_SIZE='2'".into(),
+        format!("export RANK='{rank}'"),
+        "export PET_NNODES='2'".into(),
+        format!("export PET_NODE_RANK='{rank}'"),
+        "export PET_NPROC_PER_NODE='1'".into(),
+        format!("export PET_MASTER_ADDR='{NODE_IP}'"),
+        format!("export PET_MASTER_PORT='{HOSTNET_PORT}'"),
+    ]
+    .into_iter()
+    .map(|l| format!("torch.env: {l}"))
+    .collect();
+    let mut trainer = star_lines(
+        "rank",
+        rank..rank + 1,
+        &format!("{NODE_IP}:{HOSTNET_PORT}"),
+        &[NODE_IP.to_string(), NODE_IP.to_string()],
+    );
+    trainer.sort();
+    (files, trainer)
+}
+
+/// Splits a run into its torch.env lines and its trainer lines (comparable).
+fn split_run(run: &[String]) -> (Vec<String>, Vec<String>) {
+    let files = run
+        .iter()
+        .filter(|l| l.starts_with("torch.env: "))
+        .cloned()
+        .collect();
+    (files, trainer_lines(&run.join("\n")))
+}
+
+/// The REJECT counter of the node's hostNetwork guard (tests/node/up: TRAINLET-HOSTNET,
+/// filter OUTPUT), in packets.
+fn hostnet_guard_rejects() -> u64 {
+    let out = std::process::Command::new("iptables")
+        .args(["-L", "TRAINLET-HOSTNET", "-v", "-x", "-n"])
+        .output()
+        .expect("iptables is installed");
+    assert!(
+        out.status.success(),
+        "no chain TRAINLET-HOSTNET (tests/node/up makes it): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("REJECT"))
+        .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The hostNetwork example on the real node, in a namespace that enforces Pod Security
+/// `privileged` (hostNetwork is forbidden by `baseline` and `restricted`): both pods on
+/// the one node, both at the node's address.
+///
+/// - Ports, per framework: the test holds 29501 (the example's --master-port) and 8470
+///   (TensorFlow's) on the node before the pods start. Rank 0's trainlet-init exits 6
+///   with a PortConflict Event naming 29501; 8470 fails nothing (the job is PyTorch).
+///   Once 29501 is free, the kubelet's restart of trainlet-init gets through.
+/// - The job: rank 0 listens on 10.244.0.1:29501 and rank 1 reaches it there.
+/// - Nothing leaves the machine: from the pod (the host's network namespace, UID 1000)
+///   a connection to 1.1.1.1 is refused by the node's guard at once.
+/// - A replaced pod: rank 1 is deleted; the Job controller's replacement lands on the
+///   same node at the same address. Rank 0's sidecar announces it (PeerReplaced, the
+///   new pod named) and its `trainlet exec --on-peer-change restart` restarts the
+///   command once; the two trainers meet again.
+/// - The end: the test lets both commands finish; the Job completes.
+#[tokio::test]
+async fn hostnetwork_pytorch_shares_the_node_checks_its_port_and_restarts_for_a_replaced_pod() {
+    use crate::support::jobs::{index_of, name_of};
+    let kc = require!(node());
+    let client = client_from(kc).await;
+    let ns = namespace_with_labels(
+        &client,
+        "hostnet",
+        &[("pod-security.kubernetes.io/enforce", "privileged")],
+    )
+    .await;
+    let manifests = repo().join("manifests");
+    kubectl_clean(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let log = |name: String| {
+        let pods = pods.clone();
+        async move {
+            let lp = LogParams {
+                container: Some("pytorch".into()),
+                ..Default::default()
+            };
+            pods.logs(&name, &lp).await.unwrap_or_default()
+        }
+    };
+    let oks = |log: &str| {
+        log.lines()
+            .filter(|l| l.starts_with("trainer: ok: "))
+            .count()
+    };
+    let events_of = |reason: &'static str| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            let mut v: Vec<(String, String, String)> = events(&client, &ns)
+                .await
+                .into_iter()
+                .filter(|(_, r, _, _)| r == reason)
+                .map(|(t, _, note, pod)| (t, note, pod))
+                .collect();
+            v.sort();
+            v
+        }
+    };
+
+    // The test runs in the node's network namespace, which the pods share.
+    let held_master = std::net::TcpListener::bind(("0.0.0.0", HOSTNET_PORT))
+        .unwrap_or_else(|e| panic!("hold port {HOSTNET_PORT} on the node: {e}"));
+    let held_tf = std::net::TcpListener::bind(("0.0.0.0", 8470))
+        .unwrap_or_else(|e| panic!("hold port 8470 on the node: {e}"));
+    let dir = hostnet_overlay(kc);
+    kubectl_clean(
+        kc,
+        &["apply", "-k", dir.path().to_str().unwrap(), "-n", &ns],
+    );
+
+    // 1. Rank 0's init: exit 6, PortConflict naming 29501.
+    let exit6 = |s: &Option<k8s_openapi::api::core::v1::ContainerState>| {
+        s.as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code)
+            == Some(6)
+    };
+    let rank0 = eventually("rank 0's trainlet-init to exit 6", RUN_TIMEOUT, || async {
+        let p = live_pods(&client, &ns, HOSTNET_JOB)
+            .await
+            .into_iter()
+            .find(|p| index_of(p) == Some(0))?;
+        let init = p
+            .status
+            .as_ref()?
+            .init_container_statuses
+            .as_ref()?
+            .iter()
+            .find(|c| c.name == "trainlet-init")?
+            .clone();
+        (exit6(&init.state) || exit6(&init.last_state)).then_some(name_of(&p))
+    })
+    .await;
+    drop(held_master);
+    let conflict = eventually("the PortConflict Event", RUN_TIMEOUT, || async {
+        let v = events_of("PortConflict").await;
+        (!v.is_empty()).then_some(v)
+    })
+    .await;
+    assert_eq!(
+        conflict,
+        [(
+            "Warning".to_string(),
+            format!("port {HOSTNET_PORT} is already in use in this pod's network namespace"),
+            rank0.clone()
+        )]
+    );
+
+    // 2. The job, on the node's address; 8470 still held.
+    let before = eventually("both trainers ok", RUN_TIMEOUT, || async {
+        let live = live_pods(&client, &ns, HOSTNET_JOB).await;
+        if live.len() != 2 {
+            return None;
+        }
+        for p in &live {
+            if oks(&log(name_of(p)).await) < 1 {
+                return None;
+            }
+        }
+        Some(live)
+    })
+    .await;
+    drop(held_tf);
+    assert_eq!(name_of(&before[0]), rank0);
+    for (rank, p) in before.iter().enumerate() {
+        let spec = p.spec.as_ref().unwrap();
+        let st = p.status.as_ref().unwrap();
+        assert_eq!(
+            (
+                spec.host_network,
+                spec.node_name.as_deref(),
+                st.pod_ip.as_deref(),
+                st.host_ip.as_deref()
+            ),
+            (
+                Some(true),
+                Some("trainlet-node"),
+                Some(NODE_IP),
+                Some(NODE_IP)
+            ),
+            "{}",
+            name_of(p)
+        );
+        let runs = cmd_runs(&log(name_of(p)).await);
+        assert_eq!(runs.len(), 1, "{}: {runs:?}", name_of(p));
+        assert_eq!(split_run(&runs[0]), hostnet_run(rank), "{}", name_of(p));
+    }
+    // PyTorch's rank 0 checked its own port only: 8470, held all along, failed nothing.
+    assert_eq!(events_of("PortConflict").await.len(), 1);
+
+    // 3. Nothing leaves the machine: the guard rejects the pod user's connection.
+    let rejects = hostnet_guard_rejects();
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kc)
+        .args(["exec", "-n", &ns, &rank0, "-c", "pytorch", "--"])
+        .args(["sh", "-c", "id -u; nc -w 5 1.1.1.1 80 </dev/null"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            "1000\n".to_string(),
+            "nc: can't connect to remote host (1.1.1.1): Connection refused\ncommand terminated with exit code 1\n".to_string()
+        )
+    );
+    assert!(
+        hostnet_guard_rejects() > rejects,
+        "TRAINLET-HOSTNET rejected nothing ({rejects} before)"
+    );
+
+    // 4. Rank 1 replaced on the same node, at the same address.
+    let old = name_of(&before[1]);
+    pods.delete(&old, &Default::default()).await.unwrap();
+    let after = eventually(
+        "the replacement's run and rank 0's second",
+        RUN_TIMEOUT,
+        || {
+            let old = old.clone();
+            let (client, ns) = (client.clone(), ns.clone());
+            let log = &log;
+            async move {
+                let live = live_pods(&client, &ns, HOSTNET_JOB).await;
+                if live.len() != 2 || name_of(&live[1]) == old {
+                    return None;
+                }
+                if oks(&log(name_of(&live[0])).await) < 2 || oks(&log(name_of(&live[1])).await) < 1
+                {
+                    return None;
+                }
+                Some(live)
+            }
+        },
+    )
+    .await;
+    let new = name_of(&after[1]);
+    assert_eq!(name_of(&after[0]), rank0);
+    assert_eq!(
+        (
+            after[1].spec.as_ref().unwrap().node_name.as_deref(),
+            after[1].status.as_ref().unwrap().pod_ip.as_deref()
+        ),
+        (Some("trainlet-node"), Some(NODE_IP))
+    );
+    // The sidecar publishes what its watch saw on its own schedule.
+    let replaced = eventually("the PeerReplaced Event", RUN_TIMEOUT, || async {
+        let v = events_of("PeerReplaced").await;
+        (!v.is_empty()).then_some(v)
+    })
+    .await;
+    assert_eq!(
+        replaced,
+        [(
+            "Warning".to_string(),
+            format!(
+                "task worker/1 ({NODE_IP}) is held by a new pod, {new}, at the same address; the cluster this pod was given is stale"
+            ),
+            rank0.clone()
+        )]
+    );
+    // The restart: announced once, by rank 0; whether its watch saw the old pod go
+    // before the new one came is a matter of timing.
+    let restarting = events_of("Restarting").await;
+    assert_eq!(restarting.len(), 1, "{restarting:?}");
+    let (t, note, by) = &restarting[0];
+    assert_eq!((t.as_str(), by.as_str()), ("Warning", rank0.as_str()));
+    let lost = format!(
+        "restarting sh (1 of 3) in 10s: the cluster changed (stale: worker/1 {NODE_IP} → none)"
+    );
+    let replaced = format!(
+        "restarting sh (1 of 3) in 10s: the cluster changed (stale: worker/1 {NODE_IP} → {NODE_IP} (new pod {new}))"
+    );
+    assert!(*note == lost || *note == replaced, "Restarting: {note:?}");
+    let runs0 = cmd_runs(&log(rank0.clone()).await);
+    assert_eq!(runs0.len(), 2, "{rank0}: {runs0:?}");
+    for run in &runs0 {
+        assert_eq!(split_run(run), hostnet_run(0), "{rank0}");
+    }
+    let runs1 = cmd_runs(&log(new.clone()).await);
+    assert_eq!(runs1.len(), 1, "{new}: {runs1:?}");
+    assert_eq!(split_run(&runs1[0]), hostnet_run(1), "{new}");
+    // Current again (published within the sidecar's patch interval).
+    eventually(
+        "rank 0's trainlet.io/cluster current again",
+        RUN_TIMEOUT,
+        || async {
+            let now = pods.get(&rank0).await.unwrap();
+            (now.annotations()
+                .get("trainlet.io/cluster")
+                .map(String::as_str)
+                == Some("current"))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // 5. The end: both commands finish; the Job completes.
+    for p in [&rank0, &new] {
+        kubectl_on(
+            kc,
+            &[
+                "exec",
+                "-n",
+                &ns,
+                p,
+                "-c",
+                "pytorch",
+                "--",
+                "touch",
+                "/dev/shm/done",
+            ],
+        );
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let status = eventually("Job ddp-hostnet Complete", RUN_TIMEOUT, || async {
+        let st = jobs.get(HOSTNET_JOB).await.unwrap().status?;
+        st.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+            .then_some(st)
+    })
+    .await;
+    let complete = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Complete")
+        .unwrap();
+    assert_eq!(
+        (complete.reason.as_deref(), status.succeeded, status.failed),
+        (Some("CompletionsReached"), Some(2), Some(1))
+    );
+    for p in [&rank0, &new] {
+        let runs = cmd_runs(&log(p.to_string()).await);
+        assert_eq!(runs.last().unwrap().last().unwrap(), "done", "{p}");
+    }
     delete_namespace(&client, &ns).await;
 }

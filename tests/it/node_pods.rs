@@ -2,7 +2,8 @@
 //! shipped examples (node_examples.rs): a real framework, the order of the native
 //! sidecar, the credentials, OOM kills inside a container's real memory limit, a port
 //! conflict in a pod's network namespace, the termination message, the failure policy
-//! on the kubelet's exit codes, and a replaced pod.
+//! on the kubelet's exit codes, a replaced pod, and `--address dns` with the node's
+//! cluster DNS (CoreDNS).
 //!
 //! Every workload is made as a user makes it: a plain Indexed Job, run through the built
 //! `trainlet inject` (the shipped layout: trainlet-init, the native sidecar, the
@@ -207,6 +208,11 @@ pub(crate) fn main_container(command: &[&str], memory: &str) -> Value {
 /// `trainlet inject -f - --job worker=batch.kubernetes.io/job-name=<name> --wrap
 /// <the first container> FLAGS` of a plain Job, as kubectl reads the output.
 fn inject(kc: &Path, plain: &Value, flags: &[&str]) -> Value {
+    as_json(kc, &inject_yaml(plain, flags))
+}
+
+/// The same, inject's output as it printed it (every document).
+fn inject_yaml(plain: &Value, flags: &[&str]) -> String {
     use std::io::Write;
     use std::process::Stdio;
     let name = plain["metadata"]["name"].as_str().unwrap();
@@ -234,7 +240,7 @@ fn inject(kc: &Path, plain: &Value, flags: &[&str]) -> Value {
         "trainlet inject: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    as_json(kc, &String::from_utf8(out.stdout).unwrap())
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn pod_spec(doc: &mut Value) -> &mut Value {
@@ -1173,6 +1179,163 @@ exec sleep 3600";
                 "restarting sh (1 of 3) in 1s: the cluster changed (stale: worker/1 {old_ip} → none)"
             )
         );
+    }
+    on.done().await;
+}
+
+/// 9. `--address dns` with the node's cluster DNS (CoreDNS, tests/node/up): a plain
+/// 2-pod Indexed Job through `trainlet inject --address dns`, which gives the pods the
+/// Job's name as subdomain and adds the headless Service the names need. The Job is
+/// applied first and the Service only once both pods' trainlet-init say they wait for
+/// the names (cluster DNS trails the pods; here, until the Service exists): init waits
+/// until each peer's name resolves to that peer's pod IP, then writes names. TF_CONFIG
+/// names the pods; the trainers resolve the peer's name through the cluster DNS,
+/// connect to it there and are reached from the peer's pod IP; the Job completes.
+#[tokio::test]
+async fn address_dns_waits_for_coredns_and_the_trainers_connect_by_name() {
+    let on = require!(On::restricted("dns").await);
+    let script = "echo \"start: $TF_CONFIG\"\nexec trainer --source tf --timeout 60";
+    let plain = plain_job("dns", 2, main_container(&["sh", "-c", script], "64Mi"));
+    let yaml = inject_yaml(&plain, &["--address", "dns"]);
+    let items: Vec<Value> = yaml
+        .split("\n---\n")
+        .map(|doc| as_json(on.kc, doc))
+        .collect();
+    assert_eq!(
+        items
+            .iter()
+            .map(|d| format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        ["Job/dns", "Service/dns"]
+    );
+    let (job, service) = (&items[0], &items[1]);
+    assert_eq!(pod_spec(&mut job.clone())["subdomain"], "dns");
+    assert_eq!(
+        (
+            &service["spec"]["clusterIP"],
+            &service["spec"]["publishNotReadyAddresses"],
+            &service["spec"]["selector"]
+        ),
+        (
+            &json!("None"),
+            &json!(true),
+            &json!({"app.kubernetes.io/name": "dns"})
+        )
+    );
+    let name = |i: usize| format!("dns-{i}.dns.{}.svc.cluster.local", on.ns);
+
+    // The Job alone: both inits wait for the names.
+    apply_clean(on.kc, &on.ns, job);
+    let waiting = eventually(
+        "both pods' trainlet-init waiting for DNS",
+        JOB_TIMEOUT,
+        || {
+            let on = &on;
+            async move {
+                let pods = job_pods(&on.client, &on.ns, "dns").await;
+                if pods.len() != 2
+                    || pods
+                        .iter()
+                        .any(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_none())
+                {
+                    return None;
+                }
+                let mut out = Vec::new();
+                for p in &pods {
+                    let log = on.log(&p.name_any(), "trainlet-init", false).await;
+                    let line = log.lines().find(|l| l.contains("waiting for DNS: "))?;
+                    out.push((p.clone(), line.to_string()));
+                }
+                Some(out)
+            }
+        },
+    )
+    .await;
+    let mut ips = [String::new(), String::new()];
+    for (p, _) in &waiting {
+        ips[index_of(p).unwrap() as usize] = ip(p);
+    }
+    for (p, line) in &waiting {
+        let (_, said) = line.split_once("waiting for DNS: ").unwrap();
+        let nx = "lookup failed: failed to lookup address information: Name or service not known";
+        // Its own name is in its /etc/hosts (the kubelet writes it there): the peer's is
+        // what it waits for.
+        let j = 1 - index_of(p).unwrap() as usize;
+        assert_eq!(
+            said,
+            format!(
+                "peer worker/{j} ({}) does not resolve to its pod IP {} yet ({nx})",
+                name(j),
+                ips[j]
+            ),
+            "{}",
+            p.name_any()
+        );
+        // Nothing written yet: the training container has not started.
+        assert!(
+            state(p, "main")["waiting"].is_object(),
+            "{}: {}",
+            p.name_any(),
+            state(p, "main")
+        );
+    }
+
+    // The Service: the names resolve, init writes them, the trainers meet by name.
+    apply_clean(on.kc, &on.ns, service);
+    let end = on.job_end("dns").await;
+    assert_eq!(
+        end,
+        (
+            "Complete".into(),
+            "CompletionsReached".into(),
+            "Reached expected number of succeeded pods".into()
+        ),
+        "{}",
+        describe_pods(&on.pods()).await
+    );
+    let pods = on.only_pods("dns", 2).await;
+    assert_eq!(pods.iter().map(ip).collect::<Vec<_>>(), ips);
+    for (i, p) in pods.iter().enumerate() {
+        let pname = p.name_any();
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.hostname.as_deref(), spec.subdomain.as_deref()),
+            (Some(format!("dns-{i}").as_str()), Some("dns"))
+        );
+        let init = on.log(&pname, "trainlet-init", false).await;
+        assert!(
+            init.contains("every peer's DNS name resolves to its pod IP"),
+            "{pname}: {init}"
+        );
+        let lines = on.cmd_lines(&pname, "main").await;
+        assert_eq!(
+            lines[0],
+            format!(
+                "start: {{\"cluster\":{{\"worker\":[\"{}:8470\",\"{}:8470\"]}},\"task\":{{\"type\":\"worker\",\"index\":{i}}}}}",
+                name(0),
+                name(1)
+            ),
+            "{pname}"
+        );
+        let j = 1 - i;
+        // The trainer prints the address it listens on as resolved (its own name is in
+        // its /etc/hosts), and each peer's as it was given.
+        let mut want = mesh_lines(
+            &format!("worker:{i}"),
+            &format!("{}:8470", ips[i]),
+            &[(
+                format!("worker:{j}"),
+                format!("{}:8470", name(j)),
+                ips[j].clone(),
+            )],
+        );
+        want.sort();
+        assert_eq!(trainer_lines(&lines.join("\n")), want, "{pname}");
+        assert_eq!(terminated(p, "main").0, 0);
     }
     on.done().await;
 }

@@ -186,6 +186,7 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
         [
             "classic-sidecar-job.yaml",
             "failure-policy-job.yaml",
+            "hostnetwork-pytorch.yaml",
             "jax.yaml",
             "jobset-pytorch.yaml",
             "mpi-hostfile.yaml",
@@ -207,6 +208,10 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
             .collect::<Vec<_>>(),
         ["pytorch.yaml", "tensorflow.yaml"]
     );
+    // hostNetwork is forbidden by `restricted` (and `baseline`): that example is checked
+    // on its own below, in a `privileged` namespace.
+    let hostnetwork = manifests().join("examples/hostnetwork-pytorch.yaml");
+    examples.retain(|p| *p != hostnetwork);
     // The JobSet example is validated against the real JobSet schema.
     jobset_crd();
     files.extend(examples);
@@ -235,6 +240,8 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
         None,
     );
 
+    hostnetwork_example_violates_only_host_namespaces(&hostnetwork).await;
+
     for (name, args) in example_injections() {
         let orig = fixture(name);
         let r = run(trainlet().arg("inject").arg("-f").arg(&orig).args(&args));
@@ -246,6 +253,38 @@ async fn every_manifest_and_every_injected_example_passes_restricted_without_war
             Some(&r.stdout),
         );
     }
+}
+
+/// manifests/examples/hostnetwork-pytorch.yaml, in a namespace that enforces
+/// `privileged` (what its header asks for) and warns at `restricted`: admitted, and the
+/// one warning is its host network, so every container, trainlet's included, keeps
+/// every other rule of `restricted`. (Where `restricted` is enforced its pods would be
+/// refused for the same reason.)
+async fn hostnetwork_example_violates_only_host_namespaces(file: &Path) {
+    let f = file.to_str().unwrap();
+    let client = admin().await;
+    let ns = namespace_with_labels(
+        &client,
+        "psa-hostnet",
+        &[
+            ("pod-security.kubernetes.io/enforce", "privileged"),
+            ("pod-security.kubernetes.io/enforce-version", "latest"),
+            ("pod-security.kubernetes.io/warn", "restricted"),
+            ("pod-security.kubernetes.io/warn-version", "latest"),
+        ],
+    )
+    .await;
+    let r = kubectl_full(&["apply", "--dry-run=server", "-n", &ns, "-f", f], None);
+    assert!(r.ok, "{f}: {}", r.stderr);
+    assert_eq!(
+        r.stdout, "job.batch/ddp-hostnet created (server dry run)\n",
+        "{f}"
+    );
+    assert_eq!(
+        r.stderr,
+        "Warning: would violate PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true)\n",
+        "{f}"
+    );
 }
 
 #[tokio::test]

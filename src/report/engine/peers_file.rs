@@ -113,19 +113,20 @@ pub(super) async fn next_state(incoming: &mut Option<Incoming>) -> Option<()> {
 }
 
 impl Engine {
-    /// Sidecar: tells exec where the cluster stands; when exec has stopped CMD and
-    /// waits, and every task has a live pod again, first moves the files to the
-    /// replacements and reloads the watch, then says `current` with a higher generation.
-    pub(super) fn tell_exec(&mut self) {
-        let (Some(out), Some(watch), Some(cluster_file)) = (
+    /// When exec waits for the cluster after stopping CMD and every task has a live pod
+    /// again: moves the cluster files to the replacements (the watch still sees them as
+    /// replacements) and answers exec's wait. True when files moved and the watch must
+    /// reload them.
+    fn move_for_restart(&mut self) -> bool {
+        let (Some(out), Some(watch), Some(_)) = (
             self.peers_out.as_mut(),
             self.peers.as_mut(),
             self.cfg.cluster_file.as_deref(),
         ) else {
-            return;
+            return false;
         };
         let Some(drift) = watch.drift.as_deref() else {
-            return;
+            return false;
         };
         let waiting = self
             .inbox
@@ -136,23 +137,44 @@ impl Engine {
                 Some((o.epoch.clone(), r.restarts))
             })
             .filter(|w| out.answered.as_ref() != Some(w));
-        if let Some(w) = waiting
-            && let Some(moved) = drift::moves(drift)
-        {
-            if !moved.is_empty() {
-                if let Err(e) = render::rehost_outputs(&out.dir, &moved, watch.generation) {
-                    warn!("cannot move the cluster files to the replacements: {e}");
-                    return;
-                }
-                let tasks: Vec<String> = moved
-                    .iter()
-                    .map(|(t, m, _, _)| format!("{t} {} → {}", m.from, m.to))
-                    .collect();
-                info!(moved = ?tasks, dir = %out.dir.display(), "moved the cluster files to the replacements for trainlet exec's restart");
+        let (Some(w), Some(moved)) = (waiting, drift::moves(drift)) else {
+            return false;
+        };
+        if !moved.is_empty() {
+            if let Err(e) = render::rehost_outputs(&out.dir, &moved, watch.generation) {
+                warn!("cannot move the cluster files to the replacements: {e}");
+                return false;
+            }
+            let tasks: Vec<String> = moved
+                .iter()
+                .map(|(t, m, _, _)| format!("{t} {} → {}", m.from, m.to))
+                .collect();
+            info!(moved = ?tasks, dir = %out.dir.display(), "moved the cluster files to the replacements for trainlet exec's restart");
+        }
+        out.generation += 1;
+        out.answered = Some(w);
+        !moved.is_empty()
+    }
+
+    /// Sidecar: tells exec where the cluster stands; when exec has stopped CMD and
+    /// waits, and every task has a live pod again, first moves the files to the
+    /// replacements and reloads the watch, then says `current` with a higher generation.
+    /// The replacements are evaluated (announced: PeerReplaced) before the reload makes
+    /// them current, also when they came while exec was already waiting.
+    pub(super) fn tell_exec(&mut self) {
+        if self.move_for_restart() {
+            self.evaluate();
+            if let (Some(watch), Some(cluster_file)) =
+                (self.peers.as_mut(), self.cfg.cluster_file.as_deref())
+            {
                 watch.reload(cluster_file);
             }
-            out.generation += 1;
-            out.answered = Some(w);
+        }
+        let (Some(out), Some(watch)) = (self.peers_out.as_mut(), self.peers.as_mut()) else {
+            return;
+        };
+        if self.cfg.cluster_file.is_none() || watch.drift.is_none() {
+            return;
         }
         // The own pod's stall is exec's own to see: only the others' are passed on.
         let own = self.view.pod.as_ref().and_then(|p| p.metadata.name.clone());

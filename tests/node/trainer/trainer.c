@@ -28,8 +28,10 @@
  *             on --port. Full mesh. Its own line: --rank, else RANK, else the one line
  *             whose host is an address of this machine's interfaces.
  *
- * Hosts are numeric addresses or names in /etc/hosts: the test node has no cluster DNS
- * and a static binary has no resolver plugins.
+ * Hosts are numeric addresses, names in /etc/hosts, or names the system resolver finds
+ * (getaddrinfo: the pod's resolv.conf, the node's cluster DNS; glibc 2.34 and later has
+ * its DNS and files lookups built in, also when linked statically). Its first answer
+ * is used.
  *
  * Prints a line for each connection made and accepted, and a final "trainer: ok: ..."
  * line; exits 0. Any failure or the timeout (default 60 s) prints "trainer: error: ..."
@@ -45,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -198,7 +201,8 @@ static void jcopy(int t, char *buf, size_t n)
 
 /* ---- Addresses ---- */
 
-/* host:port (or [v6]:port) to a socket address: numeric, or a name in /etc/hosts. */
+/* host:port (or [v6]:port) to a socket address: numeric, a name in /etc/hosts, or the
+ * system resolver's first answer for it. */
 static int resolve(const char *hostport, struct sockaddr_storage *sa, socklen_t *len)
 {
 	char host[256];
@@ -240,8 +244,16 @@ static int resolve(const char *hostport, struct sockaddr_storage *sa, socklen_t 
 		}
 		if (f)
 			fclose(f);
-		if (!*ip)
+	}
+	if (!*ip) { /* the system resolver: the cluster DNS */
+		struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+		if (getaddrinfo(host, NULL, &hints, &res) != 0)
 			return -1;
+		const void *src = res->ai_family == AF_INET
+					  ? (const void *)&((struct sockaddr_in *)res->ai_addr)->sin_addr
+					  : (const void *)&((struct sockaddr_in6 *)res->ai_addr)->sin6_addr;
+		inet_ntop(res->ai_family, src, ip, sizeof ip);
+		freeaddrinfo(res);
 	}
 	memset(sa, 0, sizeof *sa);
 	if (inet_pton(AF_INET, ip, &a4) == 1) {
@@ -287,7 +299,7 @@ static void add_out(const char *name, const char *addr)
 	snprintf(p->name, sizeof p->name, "%s", name);
 	snprintf(p->addr, sizeof p->addr, "%s", addr);
 	if (resolve(addr, &p->sa, &p->salen) < 0)
-		die(1, "cannot resolve %s's address %s (numeric addresses and /etc/hosts only)", name, addr);
+		die(1, "cannot resolve %s's address %s (numeric, /etc/hosts or DNS)", name, addr);
 }
 
 static void add_expect(const char *name)
