@@ -64,8 +64,11 @@ fn f(v: &Value) -> f64 {
 
 /// A ratio with two significant digits however small (0.0061×, not 0.00×).
 pub fn ratio(x: f64) -> String {
-    if !x.is_finite() || x == 0.0 {
-        return format!("{x}×");
+    if !x.is_finite() {
+        return "—".into();
+    }
+    if x == 0.0 {
+        return "0×".into();
     }
     let digits = (1 - x.abs().log10().floor() as i32).max(2) as usize;
     format!("{x:.digits$}×")
@@ -101,9 +104,11 @@ fn scale_table(s: &mut String, results: &Value) {
         let per_agent = rows
             .iter()
             .find(|o| o["tool"] == "Trainlet" && o["n"] == r["n"] && o["types"] == r["types"]);
-        let ratio = per_agent
-            .map(|p| format!("{:.2} %", 100.0 * f(&r["egress_kib"]) / f(&p["egress_kib"])))
-            .unwrap_or_else(|| "(not run)".into());
+        let ratio = match per_agent {
+            _ if r["tool"] == "Trainlet" => String::new(),
+            Some(p) => format!("{:.2} %", 100.0 * f(&r["egress_kib"]) / f(&p["egress_kib"])),
+            None => "(not run)".into(),
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.0} | {} / {} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} |",
@@ -164,8 +169,14 @@ pub fn markdown(results: &Value) -> String {
             continue;
         };
         let k = find(results, "KubectlWait", n, 0.0).unwrap_or(&null);
-        let _ = writeln!(
-            s,
+        // Where every kubectl agent failed, its side has no figures, only the count.
+        let k_failures = k["failures"].clone();
+        let k = if k_failures.as_u64() == Some(n) {
+            &null
+        } else {
+            k
+        };
+        let row = format!(
             "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {} | {:.0} / {:.0} | {} / {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {} / {} |",
             f(&t["p50_ms"]),
             f(&t["p99_ms"]),
@@ -186,8 +197,9 @@ pub fn markdown(results: &Value) -> String {
             f(&t["bytes_per_agent"]) / 1024.0,
             f(&k["bytes_per_agent"]) / 1024.0,
             t["failures"],
-            k["failures"],
+            k_failures,
         );
+        let _ = writeln!(s, "{}", row.replace("NaN", "—"));
     }
     scale_table(&mut s, results);
     let _ = writeln!(
