@@ -144,100 +144,104 @@ pub fn markdown(results: &Value) -> String {
         results["commit"].as_str().unwrap_or(""),
         results["command"].as_str().unwrap_or("")
     );
-    let _ = writeln!(
-        s,
-        "**Resolve** (latency from the last pod's Running status to each agent's `tf_config.json`):\n"
-    );
-    let _ = writeln!(
-        s,
-        "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | CPU ms per agent: trainlet / kubectl | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl | failed agents: trainlet / kubectl |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut ns: Vec<u64> = results["resolve"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| f(&r["delay_s"]) < 0.5)
-        .filter_map(|r| r["n"].as_u64())
-        .collect();
-    ns.sort();
-    ns.dedup();
-    for n in ns {
-        // Without a kubectl run (TRAINLET_BENCH_ONLY), its columns read NaN.
-        let null = Value::Null;
-        let Some(t) = find(results, "Trainlet", n, 0.0) else {
-            continue;
-        };
-        let k = find(results, "KubectlWait", n, 0.0).unwrap_or(&null);
-        // Where every kubectl agent failed, its side has no figures, only the count.
-        let k_failures = k["failures"].clone();
-        let k = if k_failures.as_u64() == Some(n) {
-            &null
-        } else {
-            k
-        };
-        let row = format!(
-            "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {} | {:.0} / {:.0} | {} / {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {} / {} |",
-            f(&t["p50_ms"]),
-            f(&t["p99_ms"]),
-            f(&t["max_ms"]),
-            f(&k["p50_ms"]),
-            f(&k["p99_ms"]),
-            f(&k["max_ms"]),
-            ratio(f(&t["p99_ms"]) / f(&k["p99_ms"])),
-            f(&t["all_done_ms"]),
-            f(&k["all_done_ms"]),
-            mib(&t["rss_max_kib"]),
-            mib(&k["rss_max_kib"]),
-            ratio(f(&t["rss_max_kib"]) / f(&k["rss_max_kib"])),
-            f(&t["cpu_median_ms"]),
-            f(&k["cpu_median_ms"]),
-            f(&t["requests_per_agent"]),
-            f(&k["requests_per_agent"]),
-            f(&t["bytes_per_agent"]) / 1024.0,
-            f(&k["bytes_per_agent"]) / 1024.0,
-            t["failures"],
-            k_failures,
-        );
-        let _ = writeln!(s, "{}", row.replace("NaN", "—"));
-    }
-    scale_table(&mut s, results);
-    let _ = writeln!(
-        s,
-        "\n**API cost against the wait** (N = 8; requests per agent by verb and resource):\n"
-    );
-    let _ = writeln!(
-        s,
-        "| tool | pods Running after | p99 ms | peak RSS MiB | requests per agent | by kind |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
-    for r in results["resolve"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["n"] == 8)
-    {
-        let kinds: Vec<String> = r["requests_by_kind"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| format!("{k} {:.1}", f(v)))
-            .collect();
-        let label = match r["tool"].as_str() {
-            Some("Trainlet") => "trainlet init",
-            Some("KubectlWait") => "kubectl wait + get",
-            _ => "kubectl get, 2 s poll",
-        };
+    // A run of other scenarios only (TRAINLET_BENCH_ONLY) has no resolve tables.
+    let resolved = results["resolve"].as_array().is_some_and(|r| !r.is_empty());
+    if resolved {
         let _ = writeln!(
             s,
-            "| {label} | {:.0} s | {:.0} | {} | {:.1} | {} |",
-            f(&r["delay_s"]) + 1.0,
-            f(&r["p99_ms"]),
-            mib(&r["rss_max_kib"]),
-            f(&r["requests_per_agent"]),
-            kinds.join(", ")
+            "**Resolve** (latency from the last pod's Running status to each agent's `tf_config.json`):\n"
         );
+        let _ = writeln!(
+            s,
+            "| N | trainlet p50 / p99 / max ms | kubectl wait+get p50 / p99 / max ms | p99 ratio | all done: trainlet / kubectl ms | peak RSS MiB: trainlet / kubectl | RSS ratio | CPU ms per agent: trainlet / kubectl | API requests per agent: trainlet / kubectl | KiB sent per agent: trainlet / kubectl | failed agents: trainlet / kubectl |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let mut ns: Vec<u64> = results["resolve"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| f(&r["delay_s"]) < 0.5)
+            .filter_map(|r| r["n"].as_u64())
+            .collect();
+        ns.sort();
+        ns.dedup();
+        for n in ns {
+            // Without a kubectl run (TRAINLET_BENCH_ONLY), its columns read NaN.
+            let null = Value::Null;
+            let Some(t) = find(results, "Trainlet", n, 0.0) else {
+                continue;
+            };
+            let k = find(results, "KubectlWait", n, 0.0).unwrap_or(&null);
+            // Where every kubectl agent failed, its side has no figures, only the count.
+            let k_failures = k["failures"].clone();
+            let k = if k_failures.as_u64() == Some(n) {
+                &null
+            } else {
+                k
+            };
+            let row = format!(
+                "| {n} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {} | {:.0} / {:.0} | {} / {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {} / {} |",
+                f(&t["p50_ms"]),
+                f(&t["p99_ms"]),
+                f(&t["max_ms"]),
+                f(&k["p50_ms"]),
+                f(&k["p99_ms"]),
+                f(&k["max_ms"]),
+                ratio(f(&t["p99_ms"]) / f(&k["p99_ms"])),
+                f(&t["all_done_ms"]),
+                f(&k["all_done_ms"]),
+                mib(&t["rss_max_kib"]),
+                mib(&k["rss_max_kib"]),
+                ratio(f(&t["rss_max_kib"]) / f(&k["rss_max_kib"])),
+                f(&t["cpu_median_ms"]),
+                f(&k["cpu_median_ms"]),
+                f(&t["requests_per_agent"]),
+                f(&k["requests_per_agent"]),
+                f(&t["bytes_per_agent"]) / 1024.0,
+                f(&k["bytes_per_agent"]) / 1024.0,
+                t["failures"],
+                k_failures,
+            );
+            let _ = writeln!(s, "{}", row.replace("NaN", "—"));
+        }
+        let _ = writeln!(
+            s,
+            "\n**API cost against the wait** (N = 8; requests per agent by verb and resource):\n"
+        );
+        let _ = writeln!(
+            s,
+            "| tool | pods Running after | p99 ms | peak RSS MiB | requests per agent | by kind |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for r in results["resolve"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["n"] == 8)
+        {
+            let kinds: Vec<String> = r["requests_by_kind"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k} {:.1}", f(v)))
+                .collect();
+            let label = match r["tool"].as_str() {
+                Some("Trainlet") => "trainlet init",
+                Some("KubectlWait") => "kubectl wait + get",
+                _ => "kubectl get, 2 s poll",
+            };
+            let _ = writeln!(
+                s,
+                "| {label} | {:.0} s | {:.0} | {} | {:.1} | {} |",
+                f(&r["delay_s"]) + 1.0,
+                f(&r["p99_ms"]),
+                mib(&r["rss_max_kib"]),
+                f(&r["requests_per_agent"]),
+                kinds.join(", ")
+            );
+        }
     }
+    scale_table(&mut s, results);
     if let Some(fp) = results.get("footprint").filter(|v| !v.is_null()) {
         let _ = writeln!(s, "\n**Footprint**:\n");
         let _ = writeln!(
