@@ -139,9 +139,8 @@ pub fn markdown(results: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Machine: {}. Commit: {}. Command: `{}`.\n",
+        "Machine: {}. Command: `{}`.\n",
         results["machine"].as_str().unwrap_or(""),
-        results["commit"].as_str().unwrap_or(""),
         results["command"].as_str().unwrap_or("")
     );
     // A run of other scenarios only (TRAINLET_BENCH_ONLY) has no resolve tables.
@@ -513,6 +512,18 @@ fn sidecar_table(s: &mut String, v: &Value) {
 }
 
 /// Scenario 3: the latency of real OOM kills, against the target.
+/// Paths cut to their last part: the cgroup's directories are the machine's, named by
+/// hashes that mean nothing to a reader.
+fn without_dirs(text: &str) -> String {
+    text.split(' ')
+        .map(|w| match w.rsplit_once('/') {
+            Some((_, last)) if w.starts_with('/') => format!("…/{last}"),
+            _ => w.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn oom_table(s: &mut String, v: &Value) {
     let _ = writeln!(
         s,
@@ -556,7 +567,7 @@ fn oom_table(s: &mut String, v: &Value) {
         v["victims_named"],
         v["recent_listed"],
         v["oom_events"],
-        v["oom_source"].as_str().unwrap_or(""),
+        without_dirs(v["oom_source"].as_str().unwrap_or("")),
         v["exit_code"]
     );
     let _ = writeln!(
@@ -705,7 +716,11 @@ pub fn write(results: &Value) {
     )
     .unwrap();
     std::fs::write(dir.join("resolve.svg"), svg(results)).unwrap();
-    println!("{}", markdown(results));
+    println!(
+        "Commit: {} (kept in the JSON; the pages show no commits)\n{}",
+        results["commit"].as_str().unwrap_or(""),
+        markdown(results)
+    );
     // docs/benchmarks.md as it would read with this run kept as docs/bench/results.json.
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let page = std::fs::read_to_string(repo.join("docs/benchmarks.md")).unwrap_or_default();
@@ -735,9 +750,8 @@ pub const NODE_HAND_WRITTEN: &str = "hand-written init container (kubectl wait +
 /// The markdown of the node scenario.
 pub fn node_markdown(r: &Value) -> String {
     let mut s = format!(
-        "Machine: {}. Commit: {}. Command: `{}`.\n",
+        "Machine: {}. Command: `{}`.\n",
         r["machine"].as_str().unwrap_or(""),
-        r["commit"].as_str().unwrap_or(""),
         r["command"].as_str().unwrap_or("")
     );
     let m = &r["median_last_written_ms"];

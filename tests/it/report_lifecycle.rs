@@ -88,10 +88,16 @@ async fn exec_report_with_a_missing_command_exits_127() {
 async fn exec_report_outside_a_pod_runs_the_command_anyway() {
     let dir = tempfile::tempdir().unwrap();
     write_tf_config(dir.path(), free_port());
+    // CMD runs until the test has looked at the metrics, however slow exec's start.
+    let release = dir.path().join("release");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; exit 42",
+        release.display()
+    );
     let mut cmd = trainlet();
     cmd.args(["exec", "--report", "--output-dir"])
         .arg(dir.path())
-        .args(["--", "sh", "-c", "sleep 1; exit 42"])
+        .args(["--", "sh", "-c", &script])
         .env("KUBECONFIG", "/nonexistent/kubeconfig");
     let mut r = Reporter::start(cmd);
     r.wait_ready().await;
@@ -101,6 +107,7 @@ async fn exec_report_outside_a_pod_runs_the_command_anyway() {
         metric(&text, "trainlet_oom_kills_total{container=\"main\"}"),
         Some(0.0)
     );
+    std::fs::write(&release, "").unwrap();
     assert_eq!(r.wait(Duration::from_secs(10)).0, 42, "{}", r.stderr());
     assert!(
         r.stderr().contains("reporting to the pod is off"),
