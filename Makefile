@@ -81,7 +81,7 @@ test-stress: deps control-plane portable
 	@$(CARGO) test --test it --no-run
 	@stress-ng --cpu $$(nproc) --timeout 3600s --quiet & stress=$$!; \
 	trap 'kill $$stress 2>/dev/null; wait $$stress 2>/dev/null' EXIT INT TERM; \
-	$(call tested,$(CARGO) test --test it --no-fail-fast -- --skip node_examples:: --skip node_pods:: --skip node_quickstart::)
+	$(call tested,$(CARGO) test --test it --no-fail-fast -- --skip node_)
 
 ## The shipped examples on a real node (root): tests/it/node_examples.rs.
 node-examples: deps image
