@@ -728,10 +728,7 @@ pub fn write(results: &Value) {
         if name == "results.json" {
             return Ok(results.clone());
         }
-        let path = repo.join("docs/bench").join(name);
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        load_kept(name)
     });
     match preview {
         Ok(p) => std::fs::write(dir.join("benchmarks.md"), p).unwrap(),
@@ -806,6 +803,15 @@ pub fn node_markdown(r: &Value) -> String {
 /// `<!-- rendered from docs/bench/NAME.json -->`, up to [`BLOCK_END`].
 const BLOCK_START: &str = "<!-- rendered from docs/bench/";
 const BLOCK_END: &str = "<!-- end of rendered figures -->";
+
+/// A kept run, docs/bench/NAME.
+pub fn load_kept(name: &str) -> Result<Value, String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/bench")
+        .join(name);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 /// A kept run as markdown: the node scenario's file or a whole run's.
 pub fn render(results: &Value) -> String {

@@ -95,8 +95,12 @@ impl Copiers {
     /// Starts copying the pipes of a just-spawned CMD.
     pub fn start(child: &mut std::process::Child, watch: &Arc<Watch>) -> Copiers {
         let mut threads = Vec::new();
-        widen(std::io::stdout());
-        widen(std::io::stderr());
+        // exec's own streams once, not at every restart of CMD.
+        static OWN: std::sync::Once = std::sync::Once::new();
+        OWN.call_once(|| {
+            widen(std::io::stdout());
+            widen(std::io::stderr());
+        });
         if let Some(out) = child.stdout.take() {
             widen(&out);
             threads.push(spawn(out, Stream::Stdout, watch.clone()));

@@ -4,25 +4,17 @@
 //! hand or left from an older run. `make bench-docs` (`TRAINLET_WRITE_DOCS=1`) writes
 //! the blocks anew after a run is copied into docs/bench/.
 
-use serde_json::Value;
-
 #[path = "../../benches/trainlet/report.rs"]
 #[allow(dead_code)]
 mod report;
 
 use crate::support::repo;
 
-fn load(name: &str) -> Result<Value, String> {
-    let path = repo().join("docs/bench").join(name);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 #[test]
 fn the_figures_of_docs_benchmarks_md_are_rendered_from_the_kept_runs() {
     let page = repo().join("docs/benchmarks.md");
     let doc = std::fs::read_to_string(&page).unwrap();
-    let rendered = report::render_blocks(&doc, load).unwrap();
+    let rendered = report::render_blocks(&doc, report::load_kept).unwrap();
     if std::env::var_os("TRAINLET_WRITE_DOCS").is_some() {
         std::fs::write(&page, &rendered).unwrap();
         return;
@@ -49,7 +41,7 @@ fn every_kept_run_is_rendered_and_says_how_it_was_made() {
             doc.contains(&format!("<!-- rendered from docs/bench/{name} -->")),
             "docs/bench/{name} is kept but docs/benchmarks.md renders nothing from it"
         );
-        let run = load(&name).unwrap();
+        let run = report::load_kept(&name).unwrap();
         for key in ["machine", "commit", "command"] {
             assert!(
                 run[key].as_str().is_some_and(|s| !s.is_empty()),
