@@ -111,6 +111,7 @@ pub struct Metrics {
     pub health: Gauge,
     pub annotation_patches: Counter,
     pub api_errors: Counter,
+    pub probes: Counter,
     pub admin_refused: Counter,
     pub observations: Counter,
     pub cluster_stale: Gauge,
@@ -144,6 +145,7 @@ impl Metrics {
             health: Gauge::default(),
             annotation_patches: Counter::default(),
             api_errors: Counter::default(),
+            probes: Counter::default(),
             admin_refused: Counter::default(),
             observations: Counter::default(),
             cluster_stale: Gauge::default(),
@@ -206,6 +208,11 @@ impl Metrics {
             "api_errors",
             "Failed Kubernetes API calls (patches, Events, the pod watch)",
             m.api_errors.clone(),
+        );
+        registry.register(
+            "probes",
+            "Probes of the pod (GPUs, listening ports, OOM kills, the handover), one per --interval: a count that stops moving is a reporter that hangs",
+            m.probes.clone(),
         );
         registry.register(
             "admin_connections_refused",
@@ -526,6 +533,7 @@ mod tests {
             "trainlet_health 0",
             "trainlet_annotation_patches_total 0",
             "trainlet_api_errors_total 0",
+            "trainlet_probes_total 0",
             &format!(
                 "trainlet_build_info{{version=\"{}\"}} 1",
                 env!("CARGO_PKG_VERSION")

@@ -77,7 +77,20 @@ impl Engine {
             self.outbox
                 .attach(|| Publisher::new(link.client.clone(), &pod, manager), &pod);
         }
+        let started_before = self.view.started_at(&self.container_name());
         self.view.pod = Some(pod);
+        let started = self.view.started_at(&self.container_name());
+        // What changes how a port is judged: from here on, a new listener is the
+        // container's own, not one that was there before it.
+        if self.cfg.mode == Mode::Sidecar
+            && let Some(at) = started.filter(|_| started != started_before)
+        {
+            info!(
+                container = %self.container_name(),
+                started_at = %crate::wallclock::rfc3339_seconds(at),
+                "the training container started"
+            );
+        }
         if self.training().is_none() && !self.warned_no_container {
             let containers: Vec<String> = self
                 .view

@@ -213,6 +213,7 @@ impl Engine {
     }
 
     fn probe(&mut self) {
+        self.metrics.probes.inc();
         self.gpus.probe();
         if self.cfg.mode == Mode::Exec {
             self.oom.refresh_tree();
