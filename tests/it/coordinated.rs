@@ -4,7 +4,6 @@
 //! waited for or named in the timeout; a forged or broken annotation is never used.
 
 use std::path::Path;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -173,11 +172,14 @@ async fn a_resolver_pod_replaced_before_it_published_is_followed() {
         .filter(|(_, t)| t == "worker")
         .map(|(name, _)| {
             let d = tempfile::tempdir().unwrap();
-            let h = spawn(agent(&ns, name, d.path(), &port, "always", "60s"));
+            let h = spawn_logged(agent(&ns, name, d.path(), &port, "always", "60s"));
             (name.clone(), d, h)
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every worker follows ps-0 before it goes.
+    for (_, _, h) in &workers {
+        h.logged("waiting for the resolver: pod \"ps-0\"").await;
+    }
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     api.delete("ps-0", &DeleteParams::default()).await.unwrap();
     pod("ps-0b")
@@ -200,7 +202,7 @@ async fn a_resolver_pod_replaced_before_it_published_is_followed() {
     ));
     assert_eq!(r.code, 0, "{}", r.stderr);
     for (i, (name, d, h)) in workers.into_iter().enumerate() {
-        let r = h.await.unwrap();
+        let r = h.run.await.unwrap();
         assert_eq!(r.code, 0, "{name}: {}", r.stderr);
         assert_eq!(
             read(d.path(), "tf_config.json"),
@@ -244,13 +246,13 @@ async fn a_resolver_pod_never_replaced_is_named_in_the_timeout() {
         .labels(&format!("role=ps,{INDEX}=0"))
         .create(&client, &ns)
         .await;
-    let h = spawn(agent(&ns, "worker-1", out.path(), &port, "always", "4s"));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let h = spawn_logged(agent(&ns, "worker-1", out.path(), &port, "always", "4s"));
+    h.logged("waiting for the resolver: pod \"ps-0\"").await;
     Api::<Pod>::namespaced(client.clone(), &ns)
         .delete("ps-0", &DeleteParams::default())
         .await
         .unwrap();
-    let r = h.await.unwrap();
+    let r = h.run.await.unwrap();
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert_eq!(
         r.error_line(),

@@ -181,7 +181,7 @@ async fn six_agents_started_before_any_pod_runs_agree() {
         .iter()
         .zip(&dirs)
         .map(|(n, d)| {
-            spawn(init_cmd(
+            spawn_logged(init_cmd(
                 kubeconfig(),
                 &ns,
                 n,
@@ -201,7 +201,10 @@ async fn six_agents_started_before_any_pod_runs_agree() {
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every agent waits before the first pod runs.
+    for a in &agents {
+        a.logged("waiting for peers: ").await;
+    }
     let kubelet = Kubelet::new(&client, &ns);
     let mut order: Vec<usize> = (0..names.len()).collect();
     order.shuffle(&mut rand::rng());
@@ -211,7 +214,7 @@ async fn six_agents_started_before_any_pod_runs_agree() {
     }
     let mut clusters = BTreeSet::new();
     for ((name, dir), agent) in names.iter().zip(&dirs).zip(agents) {
-        let r = agent.await.unwrap();
+        let r = agent.run.await.unwrap();
         assert_eq!(r.code, 0, "{name}: {}", r.stderr);
         let tf: Value = serde_json::from_str(&read(dir.path(), "tf_config.json")).unwrap();
         let (ty, idx) = name.split_once('-').unwrap();

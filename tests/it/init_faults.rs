@@ -227,7 +227,6 @@ async fn agents_survive_an_api_server_restart() {
     let ns = namespace(&client, "restart").await;
     let port = free_port().to_string();
     let (names, dirs, agents) = waiting_agents(&cp.kubeconfig, &client, &ns, 6, &port).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
     cp.restart_apiserver(Duration::from_secs(2));
     let client = client_from(&cp.kubeconfig).await;
     let kubelet = Kubelet::new(&client, &ns);
@@ -409,7 +408,6 @@ async fn agents_resume_after_a_5s_api_server_outage() {
     let ns = namespace(&client, "outage").await;
     let port = free_port().to_string();
     let (names, dirs, agents) = waiting_agents(&cp.kubeconfig, &client, &ns, 4, &port).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
     cp.restart_apiserver(Duration::from_secs(5));
     let client = client_from(&cp.kubeconfig).await;
     let kubelet = Kubelet::new(&client, &ns);

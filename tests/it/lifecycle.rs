@@ -193,7 +193,10 @@ async fn a_replaced_pod_restarts_every_peers_command_once_with_its_new_address()
     // does: exec waits for the peer change that explains it and restarts, not exits.
     let first = members[1].pod.clone();
     kill_children(members[0].exec.pid());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    members[0]
+        .exec
+        .logged("the command failed; waiting up to")
+        .await;
     delete_pod(&client, &ns, &mut members[1]).await;
     let replacement = wait_job_pod(&client, &ns, "w", 1, std::slice::from_ref(&first)).await;
     kubelet.run(&replacement, "10.9.0.21").await;

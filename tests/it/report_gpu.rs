@@ -215,7 +215,8 @@ async fn a_steady_pod_gets_exactly_one_patch() {
     r.wait_ready().await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let rv = api.get("train-0").await.unwrap().metadata.resource_version;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // 20 probes of 100 ms later.
+    r.probed(20.0).await;
     let text = r.metrics().await;
     assert_eq!(
         metric(&text, "trainlet_annotation_patches_total"),

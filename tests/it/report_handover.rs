@@ -184,9 +184,9 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
     // The kubelet rotates the projected token long before the old one expires.
     rotate(&token_file, &bound_token(&client, &ns, "token-b").await);
 
+    // Sampled for a minute, and once more after it, whatever the machine's load.
     let start = Instant::now();
-    let mut samples = 0;
-    while start.elapsed() < Duration::from_secs(60) {
+    loop {
         let a = annotations(&client, &ns, "train-0").await;
         assert_eq!(
             a["trainlet.io/gpu-count"],
@@ -206,10 +206,11 @@ async fn the_shipped_layout_has_one_truthful_writer_for_60_seconds() {
         assert_eq!(report["gpu"]["status"], "ok");
         assert_eq!(report["gpu"]["count"], 4);
         assert_eq!(report["reasons"], serde_json::json!([]));
-        samples += 1;
+        if start.elapsed() >= Duration::from_secs(60) {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(samples >= 60, "{samples} samples");
     assert_eq!(
         warnings(&client, &ns).await,
         vec![],
@@ -518,7 +519,7 @@ async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
     let mut cmd = l.exec(&ns, "train-0", &[], &["/bin/sh", "-c", &script]);
     cmd.env("TRAINLET_TERMINATION_LOG", &termination);
     let mut exec = Reporter::start(cg.wrap(&cmd));
-    let _sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
+    let sidecar = Reporter::start(l.sidecar(&kc, &ns, "train-0", &[]));
 
     let note = wait_warning(&client, &ns, "OOMKill").await;
     let pid = std::fs::read_to_string(&pidfile).unwrap();
@@ -545,7 +546,9 @@ async fn an_oom_kill_without_a_token_is_published_by_the_sidecar() {
             pid.trim()
         )
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The sidecar read exec's last observation (written before it exited) and probed
+    // twice since.
+    sidecar.probed(2.0).await;
     assert_eq!(
         warnings(&client, &ns).await,
         vec![("OOMKill".to_string(), note)],
@@ -606,7 +609,7 @@ async fn a_hostile_training_container_costs_a_bounded_sidecar() {
         v += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    sidecar.probed(2.0).await;
     assert!(sidecar.alive(), "{}", sidecar.stderr());
     let text = sidecar.metrics().await;
     let xid_series: Vec<&str> = text

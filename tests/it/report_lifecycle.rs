@@ -240,8 +240,8 @@ async fn a_sidecar_at_rest_writes_nothing_after_its_first_report() {
         .env("FAKE_NVML_COUNT", "2");
     let mut r = Reporter::start(cmd);
     r.wait_ready().await;
-    // The window at rest is what this test is about, not a wait for something.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // The window at rest is what this test is about: four probes of the default 5 s.
+    r.probed(4.0).await;
     let text = r.metrics().await;
     assert_eq!(
         metric(&text, "trainlet_annotation_patches_total"),

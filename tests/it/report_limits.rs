@@ -2,57 +2,15 @@
 //! memory limit under slow connections, and its report always fits the annotation
 //! budget while keeping as much as fits.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::report_support::*;
 use crate::support::*;
-
-/// Waits until the server closes a connection (end of file or a reset, after any
-/// answer such as a 431 or 408), for at most `deadline`; false if it is still open.
-fn closed_by_server(s: &mut TcpStream, deadline: std::time::Instant) -> bool {
-    s.set_nonblocking(false).unwrap();
-    let mut buf = [0u8; 512];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        s.set_read_timeout(Some(left)).unwrap();
-        match s.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
-}
-
-/// Opens 500 connections that each send the start of a request and then a 380 KiB
-/// header, 4 KiB at a time, never finishing it. Returns them when all is sent.
-fn slow_burst(addr: String) -> std::thread::JoinHandle<Vec<TcpStream>> {
-    std::thread::spawn(move || {
-        let mut conns: Vec<TcpStream> = Vec::new();
-        for _ in 0..500 {
-            if let Ok(mut s) = TcpStream::connect(&addr) {
-                s.set_nonblocking(true).unwrap();
-                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ");
-                conns.push(s);
-            }
-        }
-        let chunk = [b'a'; 4096];
-        for _ in 0..95 {
-            for s in &mut conns {
-                let _ = s.write(&chunk);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        conns
-    })
-}
 
 /// A pod whose sidecar can run: created, bound and Running with a container ID.
 async fn running_pod(client: &kube::Client, ns: &str, name: &str, ports: &[u16]) {
@@ -88,11 +46,18 @@ async fn metrics_survives_500_slow_connections_in_128_mib() {
     let mut r = Reporter::start(cg.wrap(&sidecar_cmd(&kc, &ns, "train-0", &[])));
     r.wait_ready().await;
 
-    let attack = slow_burst(r.metrics_addr.clone());
-    // During the attack.
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let attack = slow_burst(r.metrics_addr.clone(), rounds.clone());
+    // During the attack: once the 500 connections are open and have sent their first
+    // 4 KiB, a third and two thirds of the way through its 95 rounds.
     let mut during = Vec::new();
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+    for at in [1, 32, 64] {
+        eventually(
+            &format!("round {at} of the attack"),
+            Duration::from_secs(60),
+            || async { (rounds.load(Ordering::SeqCst) >= at).then_some(()) },
+        )
+        .await;
         let got = http_get(&r.metrics_addr, "/metrics");
         during.push(matches!(got, Ok((200, _, ref body)) if body.contains("trainlet_health")));
     }
@@ -123,7 +88,11 @@ async fn metrics_survives_500_slow_connections_in_128_mib() {
     let text = r.metrics().await;
     assert!(text.contains("trainlet_health"), "{text}");
     // A second burst, once the first is over, is survived as well.
-    drop(slow_burst(r.metrics_addr.clone()).join().unwrap());
+    drop(
+        slow_burst(r.metrics_addr.clone(), Arc::new(AtomicUsize::new(0)))
+            .join()
+            .unwrap(),
+    );
     assert!(r.alive(), "the sidecar died: {}", r.stderr());
     assert_eq!(cg.oom_kills(), 0);
     assert_eq!(r.terminate().0, 0);

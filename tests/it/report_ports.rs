@@ -367,7 +367,7 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
     );
     // The container starts, then listens on its other port.
     Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    r.logged("the training container started").await;
     let late = TcpListener::bind(("127.0.0.1", late_port)).unwrap();
     let report = eventually(
         "the late port listening",

@@ -13,7 +13,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -207,6 +209,35 @@ impl Reporter {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until a line of stderr contains `sign`, at most 60 s.
+    pub async fn logged(&self, sign: &str) {
+        support::eventually(
+            &format!("trainlet to log {sign:?}"),
+            Duration::from_secs(60),
+            || async {
+                self.stderr()
+                    .lines()
+                    .any(|l| l.contains(sign))
+                    .then_some(())
+            },
+        )
+        .await
+    }
+
+    /// Waits until the reporter has probed `n` more times than it had when called
+    /// (`trainlet_probes_total`): the sign that it moved on, for checks that nothing
+    /// more happened meanwhile.
+    pub async fn probed(&self, n: f64) {
+        let probes = |text: &str| metric(text, "trainlet_probes_total").unwrap_or(0.0);
+        let from = probes(&self.metrics().await);
+        support::eventually(
+            &format!("{n} more probes than {from}"),
+            Duration::from_secs(120),
+            || async { (probes(&self.metrics().await) >= from + n).then_some(()) },
+        )
+        .await
     }
 
     /// `/metrics`, waiting for the server to come up.
@@ -404,4 +435,52 @@ pub fn running_with_id(container: &str, id: &str) -> serde_json::Value {
         "containerID": id, "ready": true, "restartCount": 0, "started": true,
         "state": {"running": {"startedAt": support::now()}}
     }]})
+}
+
+/// Waits until the server closes a connection (end of file or a reset, after any
+/// answer such as a 431 or 408), for at most `deadline`; false if it is still open.
+pub fn closed_by_server(s: &mut TcpStream, deadline: std::time::Instant) -> bool {
+    s.set_nonblocking(false).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Opens 500 connections that each send the start of a request and then a 380 KiB
+/// header, 4 KiB at a time, never finishing it (95 rounds, 20 ms apart; `rounds`
+/// counts those done). Returns them when all is sent.
+pub fn slow_burst(
+    addr: String,
+    rounds: Arc<AtomicUsize>,
+) -> std::thread::JoinHandle<Vec<TcpStream>> {
+    std::thread::spawn(move || {
+        let mut conns: Vec<TcpStream> = Vec::new();
+        for _ in 0..500 {
+            if let Ok(mut s) = TcpStream::connect(&addr) {
+                s.set_nonblocking(true).unwrap();
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+                conns.push(s);
+            }
+        }
+        let chunk = [b'a'; 4096];
+        for _ in 0..95 {
+            for s in &mut conns {
+                let _ = s.write(&chunk);
+            }
+            rounds.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        conns
+    })
 }

@@ -62,6 +62,49 @@ pub fn spawn(mut cmd: Command) -> tokio::task::JoinHandle<Run> {
     tokio::task::spawn_blocking(move || run(&mut cmd))
 }
 
+/// A trainlet run on a blocking thread, like [`spawn`], whose stderr goes to a file the
+/// test reads while it runs: to wait for a sign that the run got somewhere (it watches,
+/// it waits) instead of sleeping for as long as that usually takes.
+pub struct Logged {
+    pub run: tokio::task::JoinHandle<Run>,
+    log: std::sync::Arc<tempfile::TempPath>,
+}
+
+pub fn spawn_logged(mut cmd: Command) -> Logged {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    cmd.stderr(file.reopen().unwrap());
+    // The file lives until both the run and the test are done with it.
+    let log = std::sync::Arc::new(file.into_temp_path());
+    let kept = log.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        let mut run = Run::from_output(cmd.output().expect("spawn trainlet"));
+        run.stderr = std::fs::read_to_string(&*kept).unwrap();
+        run
+    });
+    Logged { run, log }
+}
+
+impl Logged {
+    /// Waits until a line of stderr contains `sign`; fails if the run ends first, or
+    /// after 60 s.
+    pub async fn logged(&self, sign: &str) {
+        let start = std::time::Instant::now();
+        loop {
+            let ended = self.run.is_finished();
+            let text = std::fs::read_to_string(&*self.log).unwrap();
+            if text.lines().any(|l| l.contains(sign)) {
+                return;
+            }
+            assert!(!ended, "trainlet ended before it logged {sign:?}:\n{text}");
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(60),
+                "timed out after 60s waiting for trainlet to log {sign:?}:\n{text}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (the kernel picks it), for servers a test starts.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -107,9 +150,10 @@ pub fn init_cmd(kubeconfig: &Path, ns: &str, pod: &str, out: &Path, extra: &[&st
     cmd
 }
 
-/// `n` pods `w-0`… labelled `role=w`, and a waiting `trainlet init` agent for each on
-/// `kubeconfig` (`--job worker=role=w --expect worker=n`): the pod names, the agents'
-/// output directories and their runs.
+/// `n` pods `w-0`… labelled `role=w`, and a `trainlet init` agent for each on
+/// `kubeconfig` (`--job worker=role=w --expect worker=n`), returned once every agent
+/// has listed the pods and logged what it waits for: the pod names, the agents' output
+/// directories and their runs.
 pub async fn waiting_agents(
     kubeconfig: &Path,
     client: &Client,
@@ -127,11 +171,11 @@ pub async fn waiting_agents(
     }
     let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
     let expect = format!("worker={n}");
-    let agents = names
+    let agents: Vec<Logged> = names
         .iter()
         .zip(&dirs)
         .map(|(name, d)| {
-            spawn(init_cmd(
+            spawn_logged(init_cmd(
                 kubeconfig,
                 ns,
                 name,
@@ -149,7 +193,10 @@ pub async fn waiting_agents(
             ))
         })
         .collect();
-    (names, dirs, agents)
+    for a in &agents {
+        a.logged("waiting for peers: ").await;
+    }
+    (names, dirs, agents.into_iter().map(|a| a.run).collect())
 }
 
 /// `trainlet sidecar` for a pod, with exactly the RBAC rights of manifests/rbac.yaml
