@@ -26,7 +26,9 @@
 //!    replaced (peers.rs).
 //! 6. the stall watch: CMD's output through exec against CMD writing directly, and
 //!    the time from a hang to the group's restart against `--stall-after` (stall.rs).
-//! 7. on the real node (tests/node/up, root): from `kubectl apply` of a 1 ps + 3 worker
+//! 7. robustness: SIGTERM to exit, the last agent after a 5 s API server outage, and a
+//!    sidecar's memory under 500 slow connections (robustness.rs).
+//! 8. on the real node (tests/node/up, root): from `kubectl apply` of a 1 ps + 3 worker
 //!    job to the last pod's TF_CONFIG written, trainlet's init container against a
 //!    hand-written kubectl one, and each container's peak memory from the kubelet's
 //!    cgroup (node.rs; `target/bench/results-node.json`).
@@ -52,6 +54,7 @@ mod oom;
 mod peers;
 mod report;
 mod resolve;
+mod robustness;
 mod scenarios;
 mod sidecar;
 mod stall;

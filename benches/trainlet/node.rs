@@ -1,4 +1,4 @@
-//! Scenario 6, on the real node of tests/node/up (root; support::node): a TensorFlow
+//! Scenario 8, on the real node of tests/node/up (root; support::node): a TensorFlow
 //! parameter-server job of 1 ps + 3 workers (two Indexed Jobs, applied together in one
 //! `kubectl apply`), from the start of that `kubectl apply` to the last pod's TF_CONFIG
 //! written, with trainlet's init container (`trainlet inject`, the shipped layout, from

@@ -274,7 +274,93 @@ pub fn markdown(results: &Value) -> String {
     if let Some(v) = results.get("stall").filter(|v| !v.is_null()) {
         stall_table(&mut s, v);
     }
+    if let Some(v) = results.get("robustness").filter(|v| !v.is_null()) {
+        robustness_table(&mut s, v);
+    }
     s
+}
+
+/// The median of a list of numbers (the upper one of an even count).
+fn median_of(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Scenario 7: SIGTERM to exit, an API server outage, 500 slow connections.
+fn robustness_table(s: &mut String, v: &Value) {
+    let nums = |x: &Value| -> Vec<f64> { x.as_array().into_iter().flatten().map(f).collect() };
+    let each = |xs: &[f64]| -> String {
+        xs.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let target = f(&v["target_sigterm_ms"]);
+    let _ = writeln!(
+        s,
+        "\n**SIGTERM to exit** (on a running pod, as the kubelet stops a container; each process started, ready, then sent SIGTERM; the two take turns):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| process | exit after SIGTERM, ms (each run) | max | exit codes | target | met |\n|---|---|---|---|---|---|"
+    );
+    for p in v["sigterm"].as_array().into_iter().flatten() {
+        let ms = nums(&p["exit_ms"]);
+        let max = ms.iter().copied().fold(0.0, f64::max);
+        let codes: Vec<String> = p["exit_codes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c.to_string())
+            .collect();
+        let mut codes_seen = codes.clone();
+        codes_seen.sort();
+        codes_seen.dedup();
+        let _ = writeln!(
+            s,
+            "| `{}` | {} | {max:.0} | {} | ≤ {target:.0} ms | {} |",
+            p["process"].as_str().unwrap_or(""),
+            each(&ms),
+            codes_seen.join(", "),
+            met(!ms.is_empty() && max <= target)
+        );
+    }
+    let after = nums(&v["after_outage_ms"]);
+    let target = f(&v["target_outage_ms"]);
+    let worst = after.iter().copied().fold(0.0, f64::max);
+    let _ = writeln!(
+        s,
+        "\n**API server outage** ({} `trainlet init` agents waiting; kube-apiserver away for {:.0} s, back on the same etcd; then the pods turn Running): from the last pod's Running status to the last agent's `tf_config.json`\n",
+        v["agents"],
+        f(&v["outage_s"])
+    );
+    let _ = writeln!(
+        s,
+        "| each round, ms | median | max | failed agents | target | met |\n|---|---|---|---|---|---|\n| {} | {:.0} | {worst:.0} | {} | ≤ {target:.0} ms | {} |",
+        each(&after),
+        median_of(&after),
+        v["outage_failures"],
+        met(!after.is_empty() && worst <= target && v["outage_failures"] == 0)
+    );
+    let w = &v["slow"];
+    let kib = |k: &str| f(&w[k]) / 1024.0;
+    let _ = writeln!(
+        s,
+        "\n**{} slow connections** to a sidecar's metrics endpoint (each sends a 380 KiB request head, 4 KiB every 20 ms, and never ends it):\n",
+        w["connections"]
+    );
+    let _ = writeln!(
+        s,
+        "| peak RSS before / after (VmHWM) | ratio | `/metrics` answered during the attack | all closed by the server after the last byte | left open | sidecar alive |\n|---|---|---|---|---|---|\n| {:.1} / {:.1} MiB | {} | {} of 3 | {:.0} ms | {} | {} |",
+        kib("peak_rss_kib_before"),
+        kib("peak_rss_kib_after"),
+        ratio(f(&w["peak_rss_kib_after"]) / f(&w["peak_rss_kib_before"])),
+        w["metrics_answered"],
+        f(&w["all_closed_ms"]),
+        w["still_open"],
+        if w["alive"] == true { "yes" } else { "**no**" }
+    );
 }
 
 /// Scenario 6: the stall watch.
@@ -309,7 +395,7 @@ fn stall_table(s: &mut String, v: &Value) {
     );
     let _ = writeln!(
         s,
-        "\n**The stall watch: lines through exec** (256 MiB of lines of 64 or 200 bytes from `cat` into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m`, with and without `--progress-pattern 'step (\\d+)'`, which every line matches; each side first in every other round):\n"
+        "\n**The stall watch: lines through exec** (256 MiB of lines of 64 or 200 bytes from `cat` into a pipe, first byte to end; directly and through `trainlet exec --report --stall-after 10m`, with and without `--progress-pattern 'step (\\d+)'`, which every line matches; in each round the four kinds take turns, each side first in every other turn):\n"
     );
     let _ = writeln!(
         s,

@@ -11,12 +11,13 @@ use crate::oom;
 use crate::peers;
 use crate::report;
 use crate::resolve::{self, Tool};
+use crate::robustness;
 use crate::sidecar;
 use crate::stall;
 use crate::support;
 
 pub async fn run_all() {
-    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,node picks scenarios
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node picks scenarios
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
@@ -158,6 +159,12 @@ pub async fn run_all() {
     } else {
         None
     };
+    let robust = if want("robustness") {
+        eprintln!("bench: SIGTERM to exit, an API server outage, 500 slow connections");
+        Some(robustness::run(&client, &cp.kubeconfig).await)
+    } else {
+        None
+    };
     let foot = want("footprint").then(|| footprint::measure(bin));
     // On the real node (root; its own control plane): skipped, and said so, where
     // something it needs is missing.
@@ -180,6 +187,7 @@ pub async fn run_all() {
         "peers": peer_watch,
         "peers_sample": peers::SAMPLE + 1,
         "stall": stall_watch,
+        "robustness": robust,
         "node": on_node,
     });
     report::write(&results);

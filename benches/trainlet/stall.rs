@@ -14,7 +14,8 @@
 //! - **Lines.** What trainers print: lines of 64 and of 200 bytes (`step N loss …`),
 //!   256 MiB of each from a file (`cat`), directly and through exec with and without
 //!   `--progress-pattern 'step (\d+)'` (which every line matches), [`ROUNDS`] rounds
-//!   alike; the target is the same ratio. exec looks at a chunk's lines from its end
+//!   in which the four kinds take turns (the side that runs first alternating); the
+//!   target is the same ratio. exec looks at a chunk's lines from its end
 //!   and stops at the last that is progress.
 //! - **Hang to group restart.** Three pods, each `trainlet exec --stall-after 5s
 //!   --on-stall restart --interval 1s --restart-backoff 1s` with credentials, CMD
@@ -257,36 +258,51 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     }
     let ratio = median(&through) / median(&direct);
 
-    // Lines, with and without the pattern.
+    // Lines, with and without the pattern: every round runs the four kinds in turn,
+    // so a burst of load elsewhere on the machine falls on all of them alike, not on
+    // the seven rounds of one kind.
     let without: Vec<String> = prefix[..prefix.len() - 2].to_vec();
-    let mut lines = Vec::new();
-    for line_bytes in [64, 200] {
-        let file = line_file(line_bytes, LINES_BYTES);
-        let size = file.as_file().metadata().unwrap().len();
-        let cat = ["cat".to_string(), file.path().display().to_string()];
-        for (pattern, exec) in [(true, &prefix), (false, &without)] {
-            let (mut d, mut e) = (Vec::new(), Vec::new());
-            for round in 0..ROUNDS {
-                for exec_side in first_then_second(round) {
-                    if exec_side {
-                        e.push(
-                            tokio::task::block_in_place(|| pass_through(Some(exec), &cat, size)).0,
-                        );
-                    } else {
-                        d.push(tokio::task::block_in_place(|| pass_through(None, &cat, size)).0);
-                    }
+    let kinds: Vec<(usize, bool)> = [64, 200]
+        .into_iter()
+        .flat_map(|b| [(b, true), (b, false)])
+        .collect();
+    let files: Vec<tempfile::NamedTempFile> = [64, 200]
+        .into_iter()
+        .map(|b| line_file(b, LINES_BYTES))
+        .collect();
+    let mut runs = vec![(Vec::new(), Vec::new()); kinds.len()];
+    for round in 0..ROUNDS {
+        for (k, &(line_bytes, pattern)) in kinds.iter().enumerate() {
+            let file = &files[usize::from(line_bytes == 200)];
+            let size = file.as_file().metadata().unwrap().len();
+            let cat = ["cat".to_string(), file.path().display().to_string()];
+            let exec = if pattern { &prefix } else { &without };
+            for exec_side in first_then_second(round + k) {
+                let (d, e) = &mut runs[k];
+                if exec_side {
+                    e.push(tokio::task::block_in_place(|| pass_through(Some(exec), &cat, size)).0);
+                } else {
+                    d.push(tokio::task::block_in_place(|| pass_through(None, &cat, size)).0);
                 }
             }
-            lines.push(Lines {
-                line_bytes,
-                pattern,
-                bytes: size,
-                ratio: median(&e) / median(&d),
-                direct_gib_s: d,
-                exec_gib_s: e,
-            });
         }
     }
+    let lines: Vec<Lines> = kinds
+        .iter()
+        .zip(runs)
+        .map(|(&(line_bytes, pattern), (d, e))| Lines {
+            line_bytes,
+            pattern,
+            bytes: files[usize::from(line_bytes == 200)]
+                .as_file()
+                .metadata()
+                .unwrap()
+                .len(),
+            ratio: median(&e) / median(&d),
+            direct_gib_s: d,
+            exec_gib_s: e,
+        })
+        .collect();
 
     // Hang to group restart.
     let (restart_after_hang_s, error) = group_restart(client, kubeconfig, &ns, &kubelet).await;
