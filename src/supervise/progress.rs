@@ -373,6 +373,17 @@ impl StallWatch {
             .unwrap_or(self.since)
     }
 
+    /// When a check could first find this run stalled if nothing happens before: its
+    /// last progress (or its start) plus `after`; none while it is stalled already.
+    /// exec checks then too, not only every `--interval`: a stall is seen when it
+    /// begins, not up to an interval later.
+    pub fn due(&self, progress: &Progress) -> Option<SystemTime> {
+        if self.stalled() {
+            return None;
+        }
+        self.anchor(progress).checked_add(self.after)
+    }
+
     /// What changed at `now`.
     pub fn check(
         &mut self,

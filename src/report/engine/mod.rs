@@ -301,6 +301,7 @@ impl Engine {
                 }
             });
             let growth = self.oom.watches_growth();
+            let stall_at = self.stall_check_at();
             let publish_at = self.outbox.next().unwrap_or_else(far);
             tokio::select! {
                 sig = signals.recv() => match (sig, &self.child) {
@@ -348,6 +349,12 @@ impl Engine {
                     }
                     self.refresh();
                     next_probe = Instant::now() + self.cfg.interval;
+                }
+                _ = tokio::time::sleep_until(stall_at.unwrap_or_else(far).into()), if stall_at.is_some() => {
+                    // The moment a stall would begin: CMD's CPU over it for the note.
+                    self.oom.refresh_tree();
+                    self.check_progress(false);
+                    self.refresh();
                 }
                 _ = tokio::time::sleep_until(next_fast.into()), if fast_period.is_some() => {
                     if self.oom.recheck_until.is_some_and(|t| t <= Instant::now()) {

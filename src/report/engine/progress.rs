@@ -188,6 +188,20 @@ impl Engine {
         self.set_progress_metrics(&progress, standing);
     }
 
+    /// exec: when to check for a stall besides every `--interval`: the moment one would
+    /// begin ([`crate::supervise::progress::StallWatch::due`]), while it is ahead (a
+    /// moment passed without a stall, a rank only silent, waits for the probes).
+    pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
+        if self.cfg.mode != Mode::Exec {
+            return None;
+        }
+        let w = self.progress.as_ref()?;
+        let due = w.stall.as_ref()?.due(&w.watch.progress())?;
+        let left = due.duration_since(SystemTime::now()).ok()?;
+        // A millisecond past it, so that the check's own clock reads it as passed.
+        Some(std::time::Instant::now() + left + Duration::from_millis(1))
+    }
+
     /// `standing` (stalled, silent): `None` without `--stall-after`, when nothing is
     /// ever called stalled and `trainlet_stalled` and `trainlet_silent` have no series.
     pub(super) fn set_progress_metrics(&self, p: &Progress, standing: Option<(bool, bool)>) {

@@ -422,3 +422,39 @@ proptest! {
         prop_assert_eq!(LineScanner::default().last_progress(chunk.as_bytes(), &p), want);
     }
 }
+
+/// The check at the moment `due` names finds the stall: exec checks then, not up to an
+/// `--interval` later. Progress moves the moment; a stalled run has none, and neither
+/// does a run past its moment that is only silent (a rank that never prints), so
+/// nothing wakes exec again and again for it.
+#[test]
+fn a_stall_is_due_when_the_check_at_that_moment_finds_it() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let mut w = StallWatch::new(Duration::from_secs(5), t(0));
+    let mut pr = Progress::default();
+    assert_eq!(w.due(&pr), Some(t(5)));
+    assert_eq!(w.check(&pr, alone(), t(5) - Duration::from_millis(1)), None);
+    pr.on_line(&Pattern::default(), b"step 1", t(3));
+    assert_eq!(w.due(&pr), Some(t(8)));
+    assert_eq!(w.check(&pr, alone(), t(7)), None);
+    assert_eq!(
+        w.check(&pr, alone(), w.due(&pr).unwrap()),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
+    );
+    assert_eq!(w.due(&pr), None);
+    // Restarted: due from the restart, and progress from before it is none.
+    w.restart(t(20));
+    assert_eq!(w.due(&pr), Some(t(25)));
+    // A rank that speaks not for the job stays silent past its moment: a due in the
+    // past, which exec does not wait for.
+    let other = JobView {
+        speaks_for_job: false,
+        peer_progress: None,
+    };
+    assert_eq!(w.check(&pr, other, t(25)), None);
+    assert!(w.silent());
+    assert_eq!(w.due(&pr), Some(t(25)));
+}
