@@ -7,9 +7,9 @@
 //!   [`ROUNDS`] times, alternating: from the signal to the process's exit, with its exit
 //!   code (0 for the sidecar, 143 for exec: CMD's).
 //! - **API server outage.** Four `trainlet init` agents wait for their pods on a
-//!   private control plane; kube-apiserver goes away for 5 s and comes back on the
-//!   same etcd; then the pods turn Running. From the last pod's Running status to the
-//!   last `tf_config.json`, [`ROUNDS`] rounds. Before the watch's retry was bounded
+//!   private control plane (a new one each round); kube-apiserver goes away for 5 s
+//!   and comes back on the same etcd; then the pods turn Running. From the last pod's
+//!   Running status to the last `tf_config.json`, [`ROUNDS`] rounds. Before the watch's retry was bounded
 //!   (100 ms doubling to 500 ms), kube-runtime's default backoff made this 11.6 s.
 //! - **500 slow connections.** A sidecar's metrics endpoint gets 500 connections that
 //!   each send a 380 KiB request head 4 KiB at a time and never finish it. The
@@ -169,10 +169,13 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
 /// last pod's Running status to the last file, per round, and the agents that failed.
 async fn outage() -> (usize, Vec<f64>, usize) {
     const AGENTS: usize = 4;
-    let cp = support::PrivateControlPlane::start("bench-outage");
     let mut after = Vec::new();
     let mut failures = 0;
     for round in 0..ROUNDS {
+        // A control plane per round: after an outage, its kube-controller-manager's
+        // informers are still in their backoff, and a new namespace may wait half a
+        // minute for its default ServiceAccount.
+        let cp = support::PrivateControlPlane::start("bench-outage");
         let client = support::client_from(&cp.kubeconfig).await;
         let ns = support::namespace(&client, &format!("outage-{round}")).await;
         let port = support::free_port().to_string();
