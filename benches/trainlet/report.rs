@@ -399,18 +399,24 @@ fn stall_table(s: &mut String, v: &Value) {
     );
     let _ = writeln!(
         s,
-        "| line | pattern | direct GiB/s | through exec GiB/s | ratio (medians) | target | met |\n|---|---|---|---|---|---|---|"
+        "| line | pattern | runs | direct GiB/s, median (min–max) | through exec GiB/s, median (min–max) | ratio (medians) | target | met |\n|---|---|---|---|---|---|---|---|"
     );
+    let spread = |xs: &[f64]| -> String {
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{:.2} ({lo:.2}–{hi:.2})", median_of(xs))
+    };
     for l in v["lines"].as_array().into_iter().flatten() {
         let nums = |k: &str| -> Vec<f64> { l[k].as_array().into_iter().flatten().map(f).collect() };
         let ratio = f(&l["ratio"]);
         let _ = writeln!(
             s,
-            "| {} B | {} | {} | {} | {:.3} | ≥ {} | {} |",
+            "| {} B | {} | {} | {} | {} | {:.3} | ≥ {} | {} |",
             l["line_bytes"],
             if l["pattern"] == true { "yes" } else { "no" },
-            each(&nums("direct_gib_s")),
-            each(&nums("exec_gib_s")),
+            nums("direct_gib_s").len(),
+            spread(&nums("direct_gib_s")),
+            spread(&nums("exec_gib_s")),
             ratio,
             f(&v["target_ratio"]),
             met(ratio >= f(&v["target_ratio"])),
