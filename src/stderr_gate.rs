@@ -13,9 +13,9 @@
 //! its line) must not silence exec: a line held for [`HOLD`] is written after a newline
 //! of exec's own. What is held is bounded ([`MAX_HELD`]); past it, it is written too.
 //!
-//! Where exec passes nothing through (every other subcommand, exec without the
-//! progress watch), CMD's output never goes through the gate and every log line is
-//! written at once: one uncontended lock per line.
+//! exec always passes CMD's stderr through (its stdout only with the progress watch).
+//! Where nothing passes through (every other subcommand), every log line is written
+//! at once: one uncontended lock per line.
 
 use std::io::Write;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};

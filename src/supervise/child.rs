@@ -39,16 +39,19 @@ pub struct Child {
     pub pid: u32,
     /// CMD's exit status, or 128+signal, once it has ended.
     pub exit: Option<i32>,
-    /// The threads that pass CMD's output through, when it is watched for progress.
+    /// The threads that pass CMD's output through: its stderr always, its stdout too
+    /// when it is watched for progress.
     output: Option<Copiers>,
 }
 
 impl Child {
     /// Starts CMD. Before that, trainlet becomes a child subreaper: orphans of CMD's
     /// tree are re-parented to trainlet, not to the node's init, so they stay visible
-    /// as CMD's and trainlet reaps them. With `watch`, CMD's stdout and stderr are
-    /// pipes that exec passes through, watching them for progress; without, CMD
-    /// writes to exec's own.
+    /// as CMD's and trainlet reaps them. CMD's stderr is a pipe that exec passes
+    /// through: exec logs there too, and the gate ([`crate::stderr_gate`]) writes its
+    /// lines between CMD's (a trainer that fails at once prints its error while exec
+    /// logs that it started it). With `watch`, its stdout is one as well, and both are
+    /// watched for progress; without, CMD writes to exec's stdout itself.
     pub fn spawn(
         mut cmd: std::process::Command,
         watch: Option<&Arc<Watch>>,
@@ -57,10 +60,20 @@ impl Child {
             debug!("cannot become a child subreaper: {e}");
         }
         if watch.is_some() {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.stdout(Stdio::piped());
         }
+        cmd.stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
-        let output = watch.map(|w| Copiers::start(&mut child, w));
+        // Unwatched, what passes through is looked at by no one.
+        let unwatched;
+        let w = match watch {
+            Some(w) => w,
+            None => {
+                unwatched = Watch::new(super::progress::Pattern::default());
+                &unwatched
+            }
+        };
+        let output = Some(Copiers::start(&mut child, w));
         Ok(Child {
             pid: child.id(),
             exit: None,

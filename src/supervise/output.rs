@@ -1,5 +1,5 @@
-//! CMD's stdout and stderr, passed through exec while it watches them for progress
-//! (`--stall-after`): one thread per stream reads the pipe and writes each chunk at
+//! CMD's stderr, and with the progress watch (`--stall-after`) its stdout, passed
+//! through exec, which watches them for progress: one thread per stream reads the pipe and writes each chunk at
 //! once, unchanged, to exec's own stream with a plain `write(2)` — no buffering added,
 //! binary-safe, each stream's order kept, `kubectl logs` as without exec — and only
 //! then looks at it for lines ([`super::progress`]). Memory is the read buffer and one
