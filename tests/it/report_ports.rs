@@ -4,7 +4,7 @@
 //! coming back while the sidecar reports.
 
 use std::net::TcpListener;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
@@ -365,7 +365,14 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
             "port {early_port} was already listening before container trainer started; trainer cannot listen on it"
         )
     );
-    // The container starts, then listens on its other port.
+    // The container starts, then listens on its other port. Its start, to the second
+    // (the API's precision), is after the second in which the sidecar saw the early
+    // port: a listener seen within the start's second is the container's own.
+    let seen = SystemTime::now();
+    eventually("the next second", Duration::from_secs(5), || async {
+        (whole_seconds(SystemTime::now()) > whole_seconds(seen)).then_some(())
+    })
+    .await;
     Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
     r.logged("the training container started").await;
     let late = TcpListener::bind(("127.0.0.1", late_port)).unwrap();
@@ -435,4 +442,9 @@ async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
     );
     assert!(r.alive());
     drop(holder);
+}
+
+/// Seconds since the epoch, as the API gives a container's start.
+fn whole_seconds(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs()
 }

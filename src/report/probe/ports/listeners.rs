@@ -148,8 +148,7 @@ impl Listeners {
                     let seen_before_start = match cx.mode {
                         Mode::Exec => self.pre_spawn.contains(&l.inode),
                         Mode::Sidecar => {
-                            memo.seen_before_start
-                                || started_at.is_some_and(|s| memo.first_seen < s)
+                            before_start(memo.first_seen, memo.seen_before_start, started_at)
                         }
                     };
                     ListenerFacts {
@@ -167,9 +166,43 @@ impl Listeners {
     }
 }
 
+/// Whether a listener the sidecar first saw at `first_seen` was there before the
+/// training container started. Once the pod gives the container's start (the
+/// kubelet's time, to the second, the API's precision), that decides: first seen
+/// before that second began, it was there before; within it or later, it is the
+/// container's own, even where the sidecar's view of the pod still said "not started"
+/// when it first saw it (its watch lags the kubelet, and sshd or a fast trainer binds
+/// within milliseconds of its container's start). Until then, what the view said when
+/// the listener was first seen.
+fn before_start(
+    first_seen: SystemTime,
+    seen_while_not_started: bool,
+    started_at: Option<SystemTime>,
+) -> bool {
+    match started_at {
+        Some(s) => first_seen < s,
+        None => seen_while_not_started,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    #[test]
+    fn a_listener_is_before_the_start_by_the_kubelets_second_once_the_pod_gives_it() {
+        let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        // Not started as far as the pod says: what the view said when first seen.
+        assert!(before_start(t(500), true, None));
+        assert!(!before_start(t(500), false, None));
+        // Started at 10.7 s, given as 10 s: seen at 9.9 s, it was there before; seen at
+        // 10.2 s while the view still said "not started", it is the container's own.
+        assert!(before_start(t(9_900), true, Some(t(10_000))));
+        assert!(!before_start(t(10_200), true, Some(t(10_000))));
+        assert!(!before_start(t(12_000), false, Some(t(10_000))));
+    }
 
     /// exec's tree is a snapshot of the last `--interval`: a listener CMD forked after
     /// it (a trainer that binds at once) is CMD's, not a foreign process.
