@@ -280,8 +280,9 @@ pub fn markdown(results: &Value) -> String {
     s
 }
 
-/// The median of a list of numbers (the upper one of an even count).
-fn median_of(xs: &[f64]) -> f64 {
+/// The median of a list of numbers (the upper one of an even count; NaN, shown as
+/// such, of none).
+pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -308,21 +309,20 @@ fn robustness_table(s: &mut String, v: &Value) {
     for p in v["sigterm"].as_array().into_iter().flatten() {
         let ms = nums(&p["exit_ms"]);
         let max = ms.iter().copied().fold(0.0, f64::max);
-        let codes: Vec<String> = p["exit_codes"]
+        let mut codes: Vec<String> = p["exit_codes"]
             .as_array()
             .into_iter()
             .flatten()
             .map(|c| c.to_string())
             .collect();
-        let mut codes_seen = codes.clone();
-        codes_seen.sort();
-        codes_seen.dedup();
+        codes.sort();
+        codes.dedup();
         let _ = writeln!(
             s,
             "| `{}` | {} | {max:.0} | {} | ≤ {target:.0} ms | {} |",
             p["process"].as_str().unwrap_or(""),
             each(&ms),
-            codes_seen.join(", "),
+            codes.join(", "),
             met(!ms.is_empty() && max <= target)
         );
     }
@@ -339,7 +339,7 @@ fn robustness_table(s: &mut String, v: &Value) {
         s,
         "| each round, ms | median | max | failed agents | target | met |\n|---|---|---|---|---|---|\n| {} | {:.0} | {worst:.0} | {} | ≤ {target:.0} ms | {} |",
         each(&after),
-        median_of(&after),
+        median(&after),
         v["outage_failures"],
         met(!after.is_empty() && worst <= target && v["outage_failures"] == 0)
     );
@@ -414,7 +414,7 @@ fn stall_table(s: &mut String, v: &Value) {
     let spread = |xs: &[f64]| -> String {
         let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{:.2} ({lo:.2}–{hi:.2})", median_of(xs))
+        format!("{:.2} ({lo:.2}–{hi:.2})", median(xs))
     };
     for l in v["lines"].as_array().into_iter().flatten() {
         let nums = |k: &str| -> Vec<f64> { l[k].as_array().into_iter().flatten().map(f).collect() };

@@ -27,7 +27,7 @@ use kube::Client;
 use serde::Serialize;
 
 use crate::report_support::{self as rs, Reporter};
-use crate::sidecar::rbac_namespace;
+use crate::sidecar::{rbac_namespace, status_field};
 use crate::support::{self, Kubelet, pod};
 
 /// Runs of each measurement.
@@ -112,9 +112,9 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     let (agents, after_outage_ms, outage_failures) = outage().await;
 
     // 500 slow connections.
-    let r = Reporter::start(support::sidecar_cmd(&kc, &ns, "train-0", &[]));
+    let mut r = Reporter::start(support::sidecar_cmd(&kc, &ns, "train-0", &[]));
     r.wait_ready().await;
-    let before = vm_hwm(r.pid());
+    let before = status_field(r.pid(), "VmHWM:");
     let rounds = Arc::new(AtomicUsize::new(0));
     let attack = rs::slow_burst(r.metrics_addr.clone(), rounds.clone());
     let mut metrics_answered = 0;
@@ -141,11 +141,10 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
             .count()
     });
     let all_closed_ms = sent.elapsed().as_secs_f64() * 1e3;
-    let mut r = r;
     let slow = Slow {
         connections,
         peak_rss_kib_before: before,
-        peak_rss_kib_after: vm_hwm(r.pid()),
+        peak_rss_kib_after: status_field(r.pid(), "VmHWM:"),
         metrics_answered,
         all_closed_ms,
         still_open,
@@ -211,14 +210,4 @@ async fn outage() -> (usize, Vec<f64>, usize) {
         }
     }
     (AGENTS, after, failures)
-}
-
-/// A process's peak RSS (VmHWM), KiB.
-fn vm_hwm(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }

@@ -214,7 +214,7 @@ fn child_of(pid: u32) -> Option<u32> {
 }
 
 /// A `VmHWM:`-style field of /proc/<pid>/status (KiB, or a plain count).
-fn status_field(pid: u32, key: &str) -> u64 {
+pub fn status_field(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

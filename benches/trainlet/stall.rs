@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use serde::Serialize;
 
+use crate::report::median;
 use crate::support::{self, Kubelet, pod};
 
 /// Runs of each way, alternating.
@@ -188,12 +189,6 @@ fn first_then_second(round: usize) -> [bool; 2] {
     } else {
         [true, false]
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// CMD of the hang scenario: a line every 200 ms; `$STARTS` gets each start's time;

@@ -64,16 +64,7 @@ impl Child {
         }
         cmd.stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
-        // Unwatched, what passes through is looked at by no one.
-        let unwatched;
-        let w = match watch {
-            Some(w) => w,
-            None => {
-                unwatched = Watch::new(super::progress::Pattern::default());
-                &unwatched
-            }
-        };
-        let output = Some(Copiers::start(&mut child, w));
+        let output = Some(Copiers::start(&mut child, watch));
         Ok(Child {
             pid: child.id(),
             exit: None,

@@ -1,6 +1,6 @@
 //! CMD's stderr, and with the progress watch (`--stall-after`) its stdout, passed
-//! through exec, which watches them for progress: one thread per stream reads the pipe and writes each chunk at
-//! once, unchanged, to exec's own stream with a plain `write(2)` — no buffering added,
+//! through exec, which then watches them for progress: one thread per stream reads
+//! the pipe and writes each chunk at once, unchanged, to exec's own stream with a plain `write(2)` — no buffering added,
 //! binary-safe, each stream's order kept, `kubectl logs` as without exec — and only
 //! then looks at it for lines ([`super::progress`]). Memory is the read buffer and one
 //! bounded line per stream, whatever CMD writes.
@@ -92,8 +92,9 @@ impl std::fmt::Display for Stream {
 pub struct Copiers(Vec<JoinHandle<()>>);
 
 impl Copiers {
-    /// Starts copying the pipes of a just-spawned CMD.
-    pub fn start(child: &mut std::process::Child, watch: &Arc<Watch>) -> Copiers {
+    /// Starts copying the pipes of a just-spawned CMD, watching what passes for
+    /// progress where there is a `watch`.
+    pub fn start(child: &mut std::process::Child, watch: Option<&Arc<Watch>>) -> Copiers {
         let mut threads = Vec::new();
         // exec's own streams once, not at every restart of CMD.
         static OWN: std::sync::Once = std::sync::Once::new();
@@ -103,11 +104,11 @@ impl Copiers {
         });
         if let Some(out) = child.stdout.take() {
             widen(&out);
-            threads.push(spawn(out, Stream::Stdout, watch.clone()));
+            threads.push(spawn(out, Stream::Stdout, watch.cloned()));
         }
         if let Some(err) = child.stderr.take() {
             widen(&err);
-            threads.push(spawn(err, Stream::Stderr, watch.clone()));
+            threads.push(spawn(err, Stream::Stderr, watch.cloned()));
         }
         Copiers(threads.into_iter().flatten().collect())
     }
@@ -132,11 +133,11 @@ impl Copiers {
 fn spawn(
     pipe: impl Read + AsFd + Send + 'static,
     to: Stream,
-    watch: Arc<Watch>,
+    watch: Option<Arc<Watch>>,
 ) -> Option<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("trainlet-{to:?}").to_lowercase())
-        .spawn(move || copy(pipe, to, &watch))
+        .spawn(move || copy(pipe, to, watch.as_deref()))
         .map_err(|e| debug!("cannot start the output thread: {e}"))
         .ok()
 }
@@ -145,7 +146,7 @@ fn spawn(
 /// does) closes CMD's pipe too, so CMD sees the broken pipe as it would without exec.
 /// Any other failed write is a warning once, and the reading goes on without writing:
 /// CMD must never block on a full pipe because of exec.
-pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: &Watch) {
+pub fn copy(mut pipe: impl Read + AsFd, to: Stream, watch: Option<&Watch>) {
     let mut buf = vec![0u8; CHUNK];
     let mut scanner = LineScanner::default();
     let mut writable = true;
@@ -306,8 +307,11 @@ fn read_exactly(pipe: &mut impl Read, mut buf: &mut [u8]) -> std::io::Result<()>
 }
 
 /// The chunk's last progress ([`LineScanner::last_progress`]) into the shared
-/// progress, under one lock per chunk.
-fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: &Watch) {
+/// progress, under one lock per chunk; nothing where no one watches.
+fn observe(scanner: &mut LineScanner, chunk: &[u8], watch: Option<&Watch>) {
+    let Some(watch) = watch else {
+        return;
+    };
     let Some(last) = scanner.last_progress(chunk, &watch.pattern) else {
         return;
     };

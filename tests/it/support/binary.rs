@@ -88,20 +88,20 @@ impl Logged {
     /// Waits until a line of stderr contains `sign`; fails if the run ends first, or
     /// after 60 s.
     pub async fn logged(&self, sign: &str) {
-        let start = std::time::Instant::now();
-        loop {
-            let ended = self.run.is_finished();
-            let text = std::fs::read_to_string(&*self.log).unwrap();
-            if text.lines().any(|l| l.contains(sign)) {
-                return;
-            }
-            assert!(!ended, "trainlet ended before it logged {sign:?}:\n{text}");
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(60),
-                "timed out after 60s waiting for trainlet to log {sign:?}:\n{text}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        super::eventually(
+            &format!("trainlet to log {sign:?}"),
+            std::time::Duration::from_secs(60),
+            || async {
+                let ended = self.run.is_finished();
+                let text = std::fs::read_to_string(&*self.log).unwrap();
+                if text.lines().any(|l| l.contains(sign)) {
+                    return Some(());
+                }
+                assert!(!ended, "trainlet ended before it logged {sign:?}:\n{text}");
+                None
+            },
+        )
+        .await
     }
 }
 
