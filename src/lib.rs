@@ -22,6 +22,9 @@
 //!   flag. docs/architecture.md has the map.
 #![deny(unsafe_code)]
 
+/// The two long-running processes, `trainlet exec --report` and `trainlet sidecar`:
+/// the role decided once, and the loop that ties probes, peers, stalls and CMD.
+pub mod agent;
 /// The init workflow: wait, resolve, check the port, write, annotate, install.
 pub mod bootstrap;
 /// The command line: clap definitions, lowering flags into configs, defaults, and
@@ -47,6 +50,8 @@ pub mod kube;
 pub mod logging;
 /// Prometheus metrics and the admin HTTP server (`/metrics`, `/livez`, `/readyz`).
 pub mod metrics;
+/// A peer change between exec and the sidecar: `peers.json` and the typed exchange.
+pub mod peerchange;
 /// The peer pods on the API server: one list (resolve) or a watch until complete (init).
 pub mod peers;
 /// Annotations (merge patch, only on change) and Events on the own pod.
@@ -60,6 +65,8 @@ pub mod render;
 pub mod report;
 /// SIGTERM and SIGINT handling, and forwarding signals to a child.
 pub mod signal;
+/// The stall watch (pure): progress, silence, stalls of this pod and of its peers.
+pub mod stall;
 /// `trainlet status`: a job's pods as trainlet sees them, and a verdict.
 pub mod status;
 /// exec's own log lines between CMD's lines on the stderr they share.
@@ -71,7 +78,7 @@ pub mod supervise;
 /// The container's termination message (`/dev/termination-log`).
 pub mod termination;
 /// Wall-clock times as RFC 3339 text and epoch milliseconds, total: never a panic.
-pub mod wallclock;
+pub mod time;
 /// Waking on a file's change (inotify).
 pub mod watch;
 

@@ -116,13 +116,19 @@ pub struct Metrics {
     pub observations: Counter,
     pub cluster_stale: Gauge,
     pub restarts: Counter,
+    pub progress: ProgressMetrics,
+    pub observations_rejected: Family<ReasonLabel, Counter>,
+    pub events_dropped: Family<ReasonLabel, Counter>,
+}
+
+/// CMD's progress and stalls (`trainlet exec --stall-after`, `--progress-pattern`).
+#[derive(Debug, Default)]
+pub struct ProgressMetrics {
     pub last_progress: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
     pub progress_step: Family<ContainerLabel, Gauge<f64, AtomicU64>>,
     pub stalled: Family<ContainerLabel, Gauge>,
     pub silent: Family<ContainerLabel, Gauge>,
     pub stalls: Counter,
-    pub observations_rejected: Family<ReasonLabel, Counter>,
-    pub events_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -150,11 +156,7 @@ impl Metrics {
             observations: Counter::default(),
             cluster_stale: Gauge::default(),
             restarts: Counter::default(),
-            last_progress: Family::default(),
-            progress_step: Family::default(),
-            stalled: Family::default(),
-            silent: Family::default(),
-            stalls: Counter::default(),
+            progress: ProgressMetrics::default(),
             observations_rejected: Family::default(),
             events_dropped: Family::default(),
             registry: Registry::default(),
@@ -232,27 +234,27 @@ impl Metrics {
         registry.register(
             "last_progress_timestamp_seconds",
             "When CMD last made progress (trainlet exec --stall-after or --progress-pattern), by container",
-            m.last_progress.clone(),
+            m.progress.last_progress.clone(),
         );
         registry.register(
             "progress_step",
             "The last step a --progress-pattern line gave, by container",
-            m.progress_step.clone(),
+            m.progress.progress_step.clone(),
         );
         registry.register(
             "stalled",
             "1 while CMD is stalled: no progress for trainlet exec --stall-after, by container",
-            m.stalled.clone(),
+            m.progress.stalled.clone(),
         );
         registry.register(
             "silent",
             "1 while CMD has shown no progress since it started (trainlet exec --stall-after): a rank that never prints, which is no stall by itself; by container",
-            m.silent.clone(),
+            m.progress.silent.clone(),
         );
         registry.register(
             "stalls",
             "Stalls of CMD: no progress for trainlet exec --stall-after",
-            m.stalls.clone(),
+            m.progress.stalls.clone(),
         );
         registry.register(
             "observations",

@@ -3,7 +3,7 @@
 //! annotations and must arrive.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::Pod;
@@ -97,8 +97,4 @@ pub(super) async fn publish(
         .map_err(|e| InitError::Publish(e.to_string()))
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::time::now_ms;

@@ -64,7 +64,7 @@ pub(super) fn render_outputs(
         &facts,
         render::tf_env(tf),
     )?;
-    let now = crate::wallclock::rfc3339_millis(SystemTime::now());
+    let now = crate::time::rfc3339_millis(SystemTime::now());
     let meta = render::ClusterMeta {
         rpc_layer: cfg.cluster.rpc_layer.clone(),
         selectors: cfg

@@ -7,6 +7,7 @@
 //! domain's.
 
 use crate::Failure;
+use crate::agent::ReportError;
 use crate::bootstrap::InitError;
 use crate::cluster::{ClusterError, DNS_ADVICE};
 use crate::flags;
@@ -18,7 +19,6 @@ use crate::peers::follow::FollowError;
 use crate::peers::list::ListError;
 use crate::render::OutputError;
 use crate::render::frameworks::{FrameworkError, PerGpu};
-use crate::report::engine::ReportError;
 use crate::supervise::child::SpawnError;
 
 /// The message of a cluster error.

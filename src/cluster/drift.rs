@@ -208,11 +208,27 @@ pub fn assess<'a>(resolved: &[Resolved], pods: impl IntoIterator<Item = &'a Live
         .collect()
 }
 
+/// One task's move: `from` → `to` (hosts: IPs, or DNS names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
+}
+
+/// A replaced task's move to its replacement, and the pod that now holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    /// `type/index`.
+    pub task: String,
+    pub host: Move,
+    /// The replacement's name and UID.
+    pub pod: String,
+    pub uid: String,
+}
+
 /// Where the cluster is complete again (no task lost), each replaced task's move to its
 /// replacement: the host, and the pod that now holds it. `None` while a task is lost.
-pub fn moves(
-    drift: &[Drift],
-) -> Option<Vec<(String, crate::render::rehost::Move, String, String)>> {
+pub fn moves(drift: &[Drift]) -> Option<Vec<Moved>> {
     let mut out = Vec::new();
     for d in drift {
         match &d.held {
@@ -220,19 +236,90 @@ pub fn moves(
             Held::Lost { .. } => return None,
             Held::Replaced {
                 pod, uid, address, ..
-            } => out.push((
-                d.task.clone(),
-                crate::render::rehost::Move {
+            } => out.push(Moved {
+                task: d.task.clone(),
+                host: Move {
                     from: d.was.clone(),
                     to: address.clone(),
                 },
-                pod.clone(),
-                uid.clone(),
-            )),
+                pod: pod.clone(),
+                uid: uid.clone(),
+            }),
         }
     }
     Some(out)
 }
+
+/// Where the resolved cluster stands, as `trainlet.io/cluster` and `peers.json` carry
+/// it: every decision reads this type, and only [`ClusterStatus::text`] spells it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", from = "String")]
+pub enum ClusterStatus {
+    /// Every task is held by the pod it was resolved to, at its address.
+    Current,
+    /// A task was lost or replaced: the annotation's text, `stale: …`, which names
+    /// each task that moved (as [`annotation`] writes it).
+    Stale(String),
+}
+
+impl ClusterStatus {
+    /// Where the tasks stand.
+    pub fn of(drift: &[Drift]) -> ClusterStatus {
+        match annotation(drift) {
+            t if t == CURRENT => ClusterStatus::Current,
+            t => ClusterStatus::Stale(t),
+        }
+    }
+
+    /// What a pod's `trainlet.io/cluster` says; `None` for a text that is neither.
+    pub fn parse(text: &str) -> Option<ClusterStatus> {
+        match text {
+            CURRENT => Some(ClusterStatus::Current),
+            t if t.starts_with(STALE) => Some(ClusterStatus::Stale(t.to_string())),
+            _ => None,
+        }
+    }
+
+    /// The stale cluster's text, while it is stale.
+    pub fn stale(&self) -> Option<&str> {
+        match self {
+            ClusterStatus::Current => None,
+            ClusterStatus::Stale(t) => Some(t),
+        }
+    }
+
+    pub fn is_current(&self) -> bool {
+        *self == ClusterStatus::Current
+    }
+
+    /// `current`, or `stale: …`.
+    pub fn text(&self) -> &str {
+        match self {
+            ClusterStatus::Current => CURRENT,
+            ClusterStatus::Stale(t) => t,
+        }
+    }
+}
+
+impl From<ClusterStatus> for String {
+    fn from(s: ClusterStatus) -> String {
+        s.text().to_string()
+    }
+}
+
+/// Read back from a file: any text but `current` is a stale cluster, as its writer said.
+impl From<String> for ClusterStatus {
+    fn from(t: String) -> ClusterStatus {
+        if t == CURRENT {
+            ClusterStatus::Current
+        } else {
+            ClusterStatus::Stale(t)
+        }
+    }
+}
+
+const CURRENT: &str = "current";
+const STALE: &str = "stale";
 
 /// `trainlet.io/cluster`: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19; ps/0
 /// 10.0.0.5 → none`; at most [`ANNOTATION_MAX`] bytes: the tasks that fit, then
@@ -247,9 +334,9 @@ pub fn annotation(drift: &[Drift]) -> String {
         Held::Replaced { address, .. } => Some(format!("{} {} → {address}", d.task, d.was)),
     });
     let Some(first) = stale.next() else {
-        return "current".into();
+        return CURRENT.into();
     };
-    let mut out = format!("stale: {first}");
+    let mut out = format!("{STALE}: {first}");
     let mut more = 0usize;
     // Room for the longest tail: "; … and 18446744073709551615 more".
     const TAIL: usize = 40;
@@ -462,15 +549,15 @@ mod tests {
         assert_eq!(event(&d[1]).unwrap().0, "PeerReplaced");
         assert_eq!(
             moves(&d),
-            Some(vec![(
-                "worker/1".to_string(),
-                crate::render::rehost::Move {
+            Some(vec![Moved {
+                task: "worker/1".to_string(),
+                host: Move {
                     from: "10.0.0.7".into(),
                     to: "10.0.0.19".into()
                 },
-                "w-1-bbbb".to_string(),
-                "uid-1b".to_string()
-            )])
+                pod: "w-1-bbbb".to_string(),
+                uid: "uid-1b".to_string()
+            }])
         );
         // The old address returns: still another pod, still stale.
         let back = live("w-1-bbbb", "uid-1b", "job/w/1", Some("10.0.0.7"), "Running");
@@ -568,8 +655,11 @@ mod tests {
             "task worker/1 (10.0.0.7) is held by a new pod, w-1-bbbb, at the same address; the cluster this pod was given is stale"
         );
         let m = moves(&d).unwrap();
-        assert_eq!(m[0].1.from, m[0].1.to);
-        assert_eq!((m[0].2.as_str(), m[0].3.as_str()), ("w-1-bbbb", "uid-1b"));
+        assert_eq!(m[0].host.from, m[0].host.to);
+        assert_eq!(
+            (m[0].pod.as_str(), m[0].uid.as_str()),
+            ("w-1-bbbb", "uid-1b")
+        );
         // The resolved pod itself, still at its address: current.
         let own = live("w-1-aaaa", "uid-1", "job/w/1", Some("10.0.0.7"), "Running");
         assert_eq!(assess(&[r], &[own])[0].held, Held::Current);

@@ -15,16 +15,17 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::SystemTime;
 
+use crate::agent;
 use crate::cli::args::ExecArgs;
 use crate::cli::values::PeerChange;
 use crate::cli::{explain, lower};
-use crate::render::frameworks::{self, envfile};
-use crate::render::{self, CLUSTER_FILE, ENV_FILE, TF_CONFIG_FILE, TfConfig};
-use crate::report::engine;
+use crate::render::frameworks;
+use crate::render::{CLUSTER_FILE, TF_CONFIG_FILE};
+use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
-use crate::supervise::lifecycle::{self, Respawn, Resume};
-use crate::supervise::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
+use crate::supervise::lifecycle;
+use crate::supervise::respawn::{Respawner, command, read_outputs};
 use crate::{Exit, Failure, bootstrap};
 use tracing::warn;
 
@@ -37,6 +38,9 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // Every flag is checked before the wait for peers: a typo in a report flag must not
     // surface only after minutes of waiting. A peer-change policy needs the reporter.
     let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
+    // Resolving again after a peer change is the init workflow, with exec's own flags;
+    // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
+    let handing_over = report.role().hands_over();
     // exec's private directory, for the files of CMD's that no volume holds: made when
     // one needs it, removed when exec ends (dropped on return).
     let mut private = None;
@@ -53,9 +57,6 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let report =
         (args.report || args.on_peer_change != PeerChange::Report || report.progress.is_some())
             .then_some(report);
-    // Resolving again after a peer change is the init workflow, with exec's own flags;
-    // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
-    let handing_over = args.report_args.observations.is_some();
     let init_cfg = (resolving || (args.on_peer_change == PeerChange::Restart && !handing_over))
         .then(|| lower::init_config(&args.init))
         .transpose()?;
@@ -93,48 +94,21 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         let cmd = with_error_file(cmd);
         // When CMD last started: an error file from before is a previous run's.
         let started = Rc::new(Cell::new(SystemTime::now()));
-        let argv = args.command.clone();
-        let dir = dir.clone();
         let restarted = started.clone();
-        let with_heartbeat = move |cmd: std::process::Command| {
-            restarted.set(SystemTime::now());
-            with_error_file(with_heartbeat(cmd))
-        };
-        let respawn: Respawn = Box::new(move |resume| {
-            let init_cfg = match resume {
-                Resume::PeerChange { after } => init_cfg.clone().map(|mut c| {
-                    c.min_generation = after;
-                    c
-                }),
-                // A stall changed no peer: the files are as they were.
-                Resume::Stall => None,
-            };
-            let argv = argv.clone();
-            let dir = dir.clone();
-            let with_heartbeat = with_heartbeat.clone();
-            Box::pin(async move {
-                match init_cfg {
-                    Some(init_cfg) if !handing_over => {
-                        let out = bootstrap::run(&init_cfg, explain::init)
-                            .await
-                            .map_err(|e| Failure::new(e.code(), explain::init(&e)))?;
-                        Ok(with_heartbeat(command(
-                            &argv,
-                            out.env,
-                            &init_cfg.output_dir,
-                        )))
-                    }
-                    // The sidecar moved the files.
-                    _ => {
-                        let (env, _) = read_outputs(&dir)?;
-                        Ok(with_heartbeat(command(&argv, env, &dir)))
-                    }
-                }
-            })
-        });
+        let respawn = Respawner {
+            argv: args.command.clone(),
+            dir: dir.clone(),
+            init: init_cfg.filter(|_| !handing_over),
+            prepare: Rc::new(move |cmd| {
+                restarted.set(SystemTime::now());
+                with_error_file(with_heartbeat(cmd))
+            }),
+            explain: explain::init,
+        }
+        .into_respawn();
         let ended = super::runtime()?.block_on(async {
             let (mut reporter, mut signals) =
-                engine::exec_reporter(cfg, cmd, &program, ports).await?;
+                agent::exec_reporter(cfg, cmd, &program, ports).await?;
             lifecycle::run(&mut reporter, &mut signals, &program, respawn).await
         })?;
         // A launcher's exit 1: what its root cause says (exec's own reasons, a peer
@@ -166,36 +140,6 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     // Only returns on failure.
     let source = cmd.exec();
     Err(SpawnError { program, source }.into())
-}
-
-/// The init container's files: trainlet.env holds what its --framework chose. A
-/// tf_config.json alone (written by hand, or by an older init) gives TF_CONFIG.
-fn read_outputs(dir: &Path) -> Result<(Vec<(String, String)>, TfConfig), Failure> {
-    let (_, tf) = render::read_tf_config(&dir.join(TF_CONFIG_FILE))?;
-    let env_file = dir.join(ENV_FILE);
-    let env = if env_file.exists() {
-        render::read_env(&env_file)?
-    } else {
-        render::tf_env(&tf)
-    };
-    Ok((env, tf))
-}
-
-/// CMD with the variables of trainlet.env, those that fit in an environment.
-fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::process::Command {
-    let (env, too_long) = envfile::fitting(env);
-    for name in too_long {
-        warn!(
-            "{name} is longer than the kernel allows one environment variable (128 KiB) and is left out of CMD's environment; read it from {} instead",
-            dir.display()
-        );
-    }
-    let mut cmd = std::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).envs(env);
-    if let Some((name, value)) = crate::supervise::child::unbuffered(|n| std::env::var_os(n)) {
-        cmd.env(name, value);
-    }
-    cmd
 }
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and

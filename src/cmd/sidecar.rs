@@ -8,13 +8,13 @@
 //! before, and it never keeps a Job from completing. As a classic sidecar, pass
 //! `--exit-with-main`.
 
+use crate::agent;
 use crate::cli::args::SidecarArgs;
 use crate::cli::lower;
-use crate::report::engine;
 use crate::{Exit, Failure};
 
 pub fn run(args: SidecarArgs) -> Result<Exit, Failure> {
     let cfg = lower::sidecar_config(&args)?;
-    super::runtime()?.block_on(engine::sidecar(cfg))?;
+    super::runtime()?.block_on(agent::sidecar(cfg))?;
     Ok(Exit::OK)
 }

@@ -17,4 +17,3 @@
 
 pub mod file;
 pub mod observation;
-pub mod peers;

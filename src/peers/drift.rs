@@ -22,12 +22,12 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::follow;
-use super::progress::PeerStall;
 use super::store::{self, Store};
 use crate::cluster::drift::{self, Drift, Live, Resolved};
 use crate::cluster::published::{self, Coordination, CoordinationRole, Resolution};
 use crate::cluster::{Cluster, Peer};
 use crate::render;
+use crate::stall::peers::PeerStall;
 
 /// How long the first report waits for the watches' first lists; a watch that cannot
 /// list (no RBAC, the API server away) must not hold the report back.
@@ -257,7 +257,7 @@ impl PeerWatch {
         let mut out: Vec<PeerStall> = self
             .progress_annotations()
             .into_iter()
-            .flat_map(|(name, text)| super::progress::stalls_in(name, text))
+            .flat_map(|(name, text)| crate::stall::peers::stalls_in(name, text))
             .collect();
         out.sort();
         out.dedup();
@@ -270,7 +270,7 @@ impl PeerWatch {
         self.progress_annotations()
             .into_iter()
             .filter(|(name, _)| Some(*name) != own)
-            .filter_map(|(_, text)| super::progress::peer_progress(text))
+            .filter_map(|(_, text)| crate::stall::peers::peer_progress(text))
             .max()
     }
 

@@ -13,7 +13,6 @@ pub mod drift;
 pub mod follow;
 pub mod list;
 mod owners;
-pub mod progress;
 pub mod store;
 pub mod wait;
 

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::cluster::drift::Moved;
 use crate::cluster::published::Coordination;
 pub mod frameworks;
 pub mod rehost;
@@ -300,15 +301,14 @@ pub fn remove_leftovers(dir: &Path) -> Vec<PathBuf> {
 /// Moves replaced tasks to their replacements in every file init wrote into `dir`
 /// ([`crate::render::rehost`]): each file is rewritten atomically, `cluster.json` last
 /// and with each moved task's pod name and UID, so that a reader of it sees the new
-/// cluster only once everything else is there. `moved` is (task `type/index`, the move,
-/// the replacement's name, its UID). In coordinated mode `generation` is that of the
+/// cluster only once everything else is there. In coordinated mode `generation` is that of the
 /// resolution the moves come from, which `cluster.json` then records.
 pub fn rehost_outputs(
     dir: &Path,
-    moved: &[(String, Move, String, String)],
+    moved: &[Moved],
     generation: Option<u64>,
 ) -> Result<(), OutputError> {
-    let moves: Vec<Move> = moved.iter().map(|(_, m, _, _)| m.clone()).collect();
+    let moves: Vec<Move> = moved.iter().map(|m| m.host.clone()).collect();
     let names: Vec<String> = std::fs::read_dir(dir)
         .map_err(|source| OutputError::Read {
             path: dir.to_path_buf(),
@@ -340,9 +340,9 @@ pub fn rehost_outputs(
         })?;
     for p in &mut file.peers {
         let task = format!("{}/{}", p.task_type, p.index);
-        if let Some((_, _, name, uid)) = moved.iter().find(|(t, ..)| *t == task) {
-            p.name = name.clone();
-            p.uid = uid.clone();
+        if let Some(m) = moved.iter().find(|m| m.task == task) {
+            p.name = m.pod.clone();
+            p.uid = m.uid.clone();
         }
     }
     if let (Some(c), Some(g)) = (file.coordination.as_mut(), generation) {
@@ -520,15 +520,15 @@ mod tests {
         write_atomic(dir.path(), TF_CONFIG_FILE, tf.render().as_bytes()).unwrap();
         write_atomic(dir.path(), "worker.host", b"10.0.0.6\n10.0.0.7\n").unwrap();
         write_atomic(dir.path(), "notes.txt", b"10.0.0.7").unwrap();
-        let moved = [(
-            "worker/1".to_string(),
-            Move {
+        let moved = [Moved {
+            task: "worker/1".to_string(),
+            host: Move {
                 from: "10.0.0.7".into(),
                 to: "10.0.0.17".into(),
             },
-            "worker-1-b".to_string(),
-            "u-worker-1-b".to_string(),
-        )];
+            pod: "worker-1-b".to_string(),
+            uid: "u-worker-1-b".to_string(),
+        }];
         rehost_outputs(dir.path(), &moved, Some(9)).unwrap();
         let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap();
         assert_eq!(

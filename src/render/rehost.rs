@@ -8,12 +8,7 @@
 //! host is replaced by the new one where it stands as a whole host. Ranks, ports and
 //! everything else stay as init resolved them.
 
-/// One task's move: `from` → `to` (hosts: IPs, or DNS names).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Move {
-    pub from: String,
-    pub to: String,
-}
+pub use crate::cluster::drift::Move;
 
 /// Whether `c` can continue a host: an IPv4 address or a DNS name continues with
 /// letters, digits, `.`, `-`; an IPv6 address also with `:`.

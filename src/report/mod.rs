@@ -6,14 +6,13 @@
 //! pod says about the training container. The pure [`state`] turns the observations
 //! into one report, decides health and picks the Events of each transition; [`budget`]
 //! fits the report into its annotation; the [`outbox`] publishes only what changed;
-//! the [`engine`] is the loop around them, and the only part that does I/O.
+//! the agent (`src/agent`) is the loop around them, and the only part that does I/O.
 //!
 //! A failing probe degrades only its own part: NVML erroring is a GPU state, an
 //! unreadable `/proc/net` makes the ports `unknown`, a missing cgroup leaves pod
 //! status as the only OOM source. None of them stops the others.
 
 pub mod budget;
-pub mod engine;
 pub mod outbox;
 pub mod pod;
 pub mod probe;

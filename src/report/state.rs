@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use super::budget::REPORT_MAX;
-use crate::cluster::drift::{self, Drift, Held};
+use crate::cluster::drift::{self, ClusterStatus, Drift, Held};
 use crate::publish::keys;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
@@ -132,7 +132,7 @@ pub struct Report {
     pub exec: Option<ExecMark>,
     /// The peer watch: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
+    pub cluster: Option<ClusterStatus>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -218,8 +218,8 @@ pub fn assemble(o: Observed<'_>) -> Report {
             reasons.push(ports::conflict_message(*port, state, o.container));
         }
     }
-    let cluster = o.cluster.map(drift::annotation);
-    if let Some(c) = cluster.as_ref().filter(|c| c.starts_with("stale")) {
+    let cluster = o.cluster.map(ClusterStatus::of);
+    if let Some(c) = cluster.as_ref().and_then(ClusterStatus::stale) {
         reasons.push(format!("the cluster this pod was given is {c}"));
     }
     if let Some(why) = o.unpublished {
@@ -330,7 +330,10 @@ pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Optio
         ),
         (keys::OOM_KILLS.into(), Some(report.oom.kills.to_string())),
         (keys::HEALTH.into(), Some(report.health.as_str().into())),
-        (keys::CLUSTER.into(), report.cluster.clone()),
+        (
+            keys::CLUSTER.into(),
+            report.cluster.as_ref().map(|c| c.text().to_string()),
+        ),
         (keys::REPORT.into(), Some(report_json.to_string())),
     ])
 }

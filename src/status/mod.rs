@@ -24,6 +24,7 @@ use k8s_openapi::api::events::v1::Event;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cluster::drift::ClusterStatus;
 use crate::cluster::order::natural_cmp;
 use crate::publish::keys;
 
@@ -271,7 +272,7 @@ fn progress(p: &Value, today: &str) -> String {
     let clock = |k: &str| p[k].as_str().map(|t| clock(t, today));
     let step = p["step"]
         .as_f64()
-        .and_then(crate::supervise::progress::step)
+        .and_then(crate::stall::progress::step)
         .map(|s| format!("step {s}"));
     if p["stalled"] == true {
         let since = clock("since").unwrap_or_default();
@@ -456,7 +457,7 @@ pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
         );
     }
     let degraded = names(&|r: &PodRow| {
-        let stale = r.cluster.starts_with("stale");
+        let stale = ClusterStatus::parse(&r.cluster).is_some_and(|c| !c.is_current());
         (r.health == "degraded" || stale || r.stalled).then(|| {
             let mut why = r.reasons.clone();
             if stale && !why.iter().any(|w| w.starts_with("cluster")) {
@@ -488,7 +489,8 @@ pub fn verdict(what: &str, rows: &[PodRow]) -> (State, String) {
         );
     }
     let running = n - succeeded;
-    let cluster = if rows.iter().any(|r| r.cluster == "current") {
+    let current = |r: &PodRow| ClusterStatus::parse(&r.cluster).is_some_and(|c| c.is_current());
+    let cluster = if rows.iter().any(current) {
         ", cluster current"
     } else {
         ""

@@ -1,19 +1,21 @@
 //! `trainlet exec --report`'s life of CMD, as one loop: CMD runs under the reporter
 //! until it exits, a stop signal comes, or a peer change (`--on-peer-change`) asks for
-//! action; then [`policy::decide`] says what to do: end with CMD's status, stop CMD and
+//! action; then [`decide`] says what to do: end with CMD's status, stop CMD and
 //! exit 7, or stop it, wait the backoff and the cluster, and start it again with the
 //! new environment (`Respawn`, which the command layer makes: it is the init workflow).
 //!
 //! The reporter that runs beside CMD is behind [`Reporter`], so that this loop is all a
 //! reader needs to follow "a peer is replaced → exec restarts CMD with the new address";
-//! what the reporter observes and publishes is `crate::report::engine`'s.
+//! what the reporter observes and publishes is the agent's (`src/agent`).
 
 use std::time::Instant;
 
 use tracing::{info, warn};
 
 use super::child::{Child, SpawnError};
-use super::policy::{self, Decision, OnPeerChange, Policy};
+pub use super::decide::Trigger;
+use super::decide::{self, Facts, Next};
+use super::policy::{self, Decision, Policy};
 use super::stop::{stop_tree, wait_for_stop};
 use crate::signal::{self, Signals};
 use crate::{Code, Failure};
@@ -37,15 +39,6 @@ pub type Respawn = Box<
     )
         -> futures::future::LocalBoxFuture<'static, Result<std::process::Command, Failure>>,
 >;
-
-/// What made exec act on CMD.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Trigger {
-    /// A peer was lost or replaced: the `trainlet.io/cluster` text.
-    PeerChange(String),
-    /// No progress in this pod, or in a peer's: whose, and for how long.
-    Stall(String),
-}
 
 /// What the loop needs of the reporter that runs beside CMD. One thread runs both
 /// (trainlet's runtime is single-threaded), so the futures need not be `Send`.
@@ -153,11 +146,7 @@ pub async fn run(
             break;
         };
         let policy = reporter.policy().clone();
-        let decision = match &trigger {
-            Trigger::PeerChange(stale) => policy::decide(&policy, life.restarts, stale),
-            Trigger::Stall(why) => policy::decide_stall(&policy, life.restarts, why),
-        };
-        match decision {
+        match decide::on(&policy, life.restarts, &trigger) {
             Decision::Report => break,
             Decision::Exit { why } => {
                 warn!("{why}");
@@ -214,41 +203,37 @@ impl Default for Life {
 }
 
 /// After CMD exited or the reporter returned: the peer change or stall the policy acts
-/// on, or `None` when exec ends with CMD as it is. A framework often fails at once
-/// when a peer dies (a broken collective), before the watch has seen the pod go: the
-/// watch gets a moment to explain the failure before exec ends with CMD's status.
+/// on, or `None` when exec ends with CMD as it is ([`decide::next`]). A framework
+/// often fails at once when a peer dies (a broken collective), before the watch has
+/// seen the pod go: the watch gets a moment to explain the failure before exec ends
+/// with CMD's status.
 async fn trigger(reporter: &mut impl Reporter, signals: &mut Signals) -> Option<Trigger> {
-    if reporter.stopped() {
-        return None;
-    }
-    if failed(reporter)
-        && !reporter.terminating()
-        && reporter.stale().is_none()
-        && reporter.policy().on_change != OnPeerChange::Report
-    {
-        info!(
-            "the command failed; waiting up to {:?} for a peer change to explain it",
-            policy::SETTLE
-        );
-        reporter
-            .settle(signals, Instant::now() + policy::SETTLE)
-            .await;
-        if reporter.stopped() {
-            return None;
+    let mut settled = false;
+    loop {
+        let facts = Facts {
+            stopped: reporter.stopped(),
+            terminating: reporter.terminating(),
+            exit: reporter.child().as_ref().and_then(|c| c.exit),
+            stale: reporter.stale(),
+            stalled: reporter.stalled(),
+            on_change: reporter.policy().on_change,
+            settled,
+        };
+        match decide::next(&facts) {
+            Next::End => return None,
+            Next::Act(trigger) => return Some(trigger),
+            Next::Settle => {
+                info!(
+                    "the command failed; waiting up to {:?} for a peer change to explain it",
+                    policy::SETTLE
+                );
+                reporter
+                    .settle(signals, Instant::now() + policy::SETTLE)
+                    .await;
+                settled = true;
+            }
         }
     }
-    let trigger = match reporter.stale() {
-        Some(stale) => Trigger::PeerChange(stale),
-        // A stall restarts a CMD that still runs (hung), not one that has ended.
-        None if reporter.child().as_ref().is_some_and(|c| c.exit.is_none()) => {
-            Trigger::Stall(reporter.stalled()?)
-        }
-        None => return None,
-    };
-    // The kubelet stops the container, or CMD ended well (the job's work is done,
-    // whatever its peers do now): no peer change restarts it.
-    let exited_ok = reporter.child().as_ref().and_then(|c| c.exit) == Some(0);
-    (!reporter.terminating() && !exited_ok).then_some(trigger)
 }
 
 /// Restart `n` of `of`, after `delay`.
@@ -347,15 +332,6 @@ async fn end(reporter: &mut impl Reporter, signals: &mut Signals, life: Life) ->
         oom,
         why: life.why,
     }
-}
-
-/// Whether CMD ended with a failure.
-fn failed(reporter: &mut impl Reporter) -> bool {
-    reporter
-        .child()
-        .as_ref()
-        .and_then(|c| c.exit)
-        .is_some_and(|code| code != 0)
 }
 
 /// Stops CMD's tree for a restart or an exit; the stop signal that came meanwhile.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{debug, warn};
 
-use super::progress::{LineScanner, Pattern, Progress};
+use crate::stall::progress::{LineScanner, Pattern, Progress};
 
 /// How much is read from a pipe at once: a whole widened pipe ([`PIPE_SIZE`]).
 const CHUNK: usize = 128 * 1024;

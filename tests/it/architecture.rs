@@ -1,7 +1,8 @@
 //! The dependency rule of `docs/architecture.md`, checked in the repository: the command
 //! line's modules (`cli/`, `cmd/`, `main.rs`) are the only ones that name `crate::cli`,
-//! `crate::cmd` or clap; the file-level module graph has no loop; and no source file
-//! holds more than 600 lines of non-test code.
+//! `crate::cmd` or clap; neither the file-level module graph nor the graph of the
+//! top-level folders of `src/` has a loop; no source file holds more than 600 lines of
+//! non-test code; and no struct has more than 20 fields.
 //!
 //! The graph's edges are a file's `crate::…` paths and `super::…` references, each to the
 //! longest module path that is a file of the crate; a unit-test module (`tests.rs`,
@@ -197,6 +198,75 @@ fn loops(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     t.out
 }
 
+/// The graph between the top-level parts of `src/`: a folder, or a file at the top
+/// (`time.rs` is `time`).
+fn folders(edges: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |f: &str| {
+        let first = f.split('/').next().unwrap_or(f);
+        first.trim_end_matches(".rs").to_string()
+    };
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (f, to) in edges {
+        let from = top(f);
+        let set = out.entry(from.clone()).or_default();
+        set.extend(to.iter().map(|t| top(t)).filter(|t| *t != from));
+    }
+    for to in out.values().flatten().cloned().collect::<Vec<_>>() {
+        out.entry(to).or_default();
+    }
+    out
+}
+
+/// The most fields a struct may have: past it, a type holds more than one concept.
+const MAX_FIELDS: usize = 20;
+
+/// Each braced struct in `text`, with how many fields it has.
+fn struct_fields(text: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i].trim_start();
+        let decl = l
+            .strip_prefix("pub ")
+            .or_else(|| l.strip_prefix("pub(crate) "))
+            .or_else(|| l.strip_prefix("pub(super) "))
+            .unwrap_or(l);
+        if let Some(rest) = decl.strip_prefix("struct ")
+            && rest.trim_end().ends_with('{')
+        {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let (mut depth, mut n) = (1i32, 0usize);
+            i += 1;
+            while i < lines.len() && depth > 0 {
+                let line = lines[i].trim();
+                let field = line
+                    .trim_start_matches("pub(crate) ")
+                    .trim_start_matches("pub(super) ")
+                    .trim_start_matches("pub ");
+                if depth == 1
+                    && !line.starts_with("//")
+                    && !line.starts_with('#')
+                    && field.split_once(':').is_some_and(|(id, _)| {
+                        !id.is_empty() && id.chars().all(|c| c.is_alphanumeric() || c == '_')
+                    })
+                {
+                    n += 1;
+                }
+                depth += line.matches('{').count() as i32 - line.matches('}').count() as i32;
+                i += 1;
+            }
+            out.push((name, n));
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
 fn is_command_line(rel: &str) -> bool {
     rel.starts_with("cli/") || rel.starts_with("cmd/") || rel == "main.rs"
 }
@@ -230,6 +300,34 @@ fn the_module_graph_has_no_loop() {
 }
 
 #[test]
+fn the_top_level_folders_import_each_other_one_way() {
+    let edges = graph(&sources());
+    let tops = folders(&edges);
+    // The graph is real: the agent reaches the supervisor and the reporters.
+    assert!(tops["agent"].contains("supervise") && tops["agent"].contains("report"));
+    let found = loops(&tops);
+    assert!(
+        found.is_empty(),
+        "loops between folders of src/: {found:#?}"
+    );
+}
+
+#[test]
+fn no_struct_has_more_than_20_fields() {
+    let mut all = Vec::new();
+    for (f, text) in sources() {
+        all.extend(
+            struct_fields(&text)
+                .into_iter()
+                .map(|(s, n)| (f.clone(), s, n)),
+        );
+    }
+    assert!(all.len() > 100, "{} structs found", all.len());
+    let over: Vec<_> = all.iter().filter(|(_, _, n)| *n > MAX_FIELDS).collect();
+    assert!(over.is_empty(), "{over:#?}");
+}
+
+#[test]
 fn no_source_file_holds_more_than_600_lines_of_code() {
     let over: Vec<(String, usize)> = sources()
         .into_iter()
@@ -259,6 +357,28 @@ fn the_checks_find_what_they_look_for() {
     assert_eq!(
         loops(&edges),
         [vec!["a.rs".to_string(), "b.rs".to_string()]]
+    );
+    // c/ and a.rs import each other, though no two files do.
+    let tops: BTreeMap<String, String> = [
+        ("a.rs", "use crate::c::e::Z;"),
+        ("c/mod.rs", "pub mod d; pub mod e;"),
+        ("c/d.rs", "use crate::a::Y;"),
+        ("c/e.rs", ""),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_string(), t.to_string()))
+    .collect();
+    let file_edges = graph(&tops);
+    assert!(loops(&file_edges).is_empty());
+    assert_eq!(
+        loops(&folders(&file_edges)),
+        [vec!["a".to_string(), "c".to_string()]]
+    );
+    assert_eq!(
+        struct_fields(
+            "pub struct A {\n    /// a: doc\n    pub a: u8,\n    b: Vec<(u8, u8)>,\n    c: std::collections::BTreeMap<u8, u8>,\n}\nstruct B(u8);\nstruct C {\n    #[serde(default)]\n    pub(super) x: Option<u8>,\n}\n"
+        ),
+        [("A".to_string(), 3), ("C".to_string(), 1)]
     );
     assert_eq!(
         code_only("let x = 1; // clap\n/// clap\nuse clap;"),

@@ -273,7 +273,8 @@ fn every_alert_is_tested_documented_and_speaks_of_real_metrics() {
             port: "8470".into(),
         })
         .set(1);
-    m.stalled
+    m.progress
+        .stalled
         .get_or_create(&ContainerLabel {
             container: "train".into(),
         })

@@ -685,7 +685,7 @@ fn a_heartbeat_set_into_the_future_is_progress_once_then_silence_is_a_stall() {
     let text = std::fs::read(observations.path().join("exec.json")).unwrap();
     let o = trainlet::handover::observation::parse(&text, "exec.json").unwrap();
     let at = o.progress.unwrap().at_ms.unwrap();
-    let now = trainlet::wallclock::to_ms(std::time::SystemTime::now());
+    let now = trainlet::time::to_ms(std::time::SystemTime::now());
     assert!(at <= now && now - at < 60_000, "at_ms {at}, now {now}");
 }
 

@@ -9,10 +9,10 @@ use super::super::defaults;
 use super::super::values::{Flag, PeerChange};
 use super::{kube_settings, parse_duration};
 use crate::Failure;
+use crate::agent::{Config as ReportConfig, Mode};
 use crate::flags;
-use crate::report::engine::{Config as ReportConfig, Mode};
+use crate::stall::progress::{Pattern, WatchConfig};
 use crate::supervise::policy::Policy;
-use crate::supervise::progress::{Pattern, WatchConfig};
 
 /// `--metrics-addr`: `HOST:PORT`, `[::]:PORT`, or `off`.
 fn metrics_addr(value: &str) -> Result<Option<SocketAddr>, Failure> {

@@ -38,6 +38,7 @@ use crate::report::probe::gpu::xid::XidError;
 use crate::report::probe::gpu::{GpuDevice, GpuFault, GpuInfo, Unavailable};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{Owner, PortEntry, PortState};
+pub use crate::stall::observation::ProgressObservation;
 
 /// The file's name in the observations directory.
 pub const FILE: &str = "exec.json";
@@ -87,36 +88,6 @@ pub struct Observation {
     /// `--stall-after` / `--progress-pattern`: CMD's progress and stalls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ProgressObservation>,
-}
-
-/// CMD's progress as exec watches it, for the sidecar to publish
-/// (`trainlet.io/progress`, the `Stalled` Event, the progress metrics).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProgressObservation {
-    /// The last progress, in ms since the epoch; absent before the first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at_ms: Option<u64>,
-    /// The last step a matching line gave.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<f64>,
-    /// CMD makes no progress now (`--stall-after`).
-    pub stalled: bool,
-    /// CMD has shown no progress since it started: no stall by itself (the ranks that
-    /// never print).
-    #[serde(default)]
-    pub silent: bool,
-    /// Since when CMD is silent, while stalled: its last progress, or its start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since_ms: Option<u64>,
-    /// Stalls since exec started; each is one `Stalled` Event.
-    pub stalls: u64,
-    /// `--stall-after`, in ms, when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after_ms: Option<u64>,
-    /// The last stall's note (the Event's text).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub note: String,
 }
 
 /// exec's restarts after a peer change, for the sidecar to announce and answer.
@@ -389,7 +360,7 @@ fn validate(o: &Observation) -> Result<(), String> {
     if let Some(p) = &o.progress {
         text("progress.note", &p.note, MAX_TEXT)?;
         if p.step
-            .is_some_and(|s| crate::supervise::progress::step(s).is_none())
+            .is_some_and(|s| crate::stall::progress::step(s).is_none())
         {
             return Err("progress.step is not a step: a number from 0 to 2^53".into());
         }
@@ -398,7 +369,7 @@ fn validate(o: &Observation) -> Result<(), String> {
             ("progress.at_ms", p.at_ms),
             ("progress.since_ms", p.since_ms),
         ] {
-            if t.is_some_and(|t| t > crate::wallclock::MAX_MS) {
+            if t.is_some_and(|t| t > crate::time::MAX_MS) {
                 return Err(format!("{what} is past the year 9999"));
             }
         }

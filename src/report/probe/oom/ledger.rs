@@ -198,7 +198,7 @@ impl OomLedger {
             return None;
         }
         let kill = OomKill {
-            time: rfc3339(at),
+            time: crate::time::rfc3339_seconds(at),
             container: s.container.clone(),
             source: "pod-status",
             process: None,
@@ -226,11 +226,6 @@ fn abs_diff(a: SystemTime, b: SystemTime) -> Duration {
     a.duration_since(b)
         .or_else(|_| b.duration_since(a))
         .unwrap_or_default()
-}
-
-/// To the second; a time RFC 3339 cannot write is clamped ([`crate::wallclock`]).
-pub fn rfc3339(t: SystemTime) -> String {
-    crate::wallclock::rfc3339_seconds(t)
 }
 
 // ---------------------------------------------------------------------------------
@@ -289,7 +284,7 @@ mod tests {
     #[test]
     fn status_kills_count_once_per_termination_and_only_after_start() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let at = |s: u64| rfc3339(t0 + Duration::from_secs(s));
+        let at = |s: u64| crate::time::rfc3339_seconds(t0 + Duration::from_secs(s));
         let mut ledger = OomLedger::new(t0 + Duration::from_millis(700));
         // Terminated in state (same second as the start: counted), then moved to
         // lastState by the restart: the same termination, counted once.
@@ -343,7 +338,7 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut ledger = OomLedger::new(t0);
         let kill = OomKill {
-            time: rfc3339(t0),
+            time: crate::time::rfc3339_seconds(t0),
             container: "trainer".into(),
             source: "cgroup",
             process: None,

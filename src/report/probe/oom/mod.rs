@@ -15,7 +15,7 @@ pub mod watch;
 use thiserror::Error;
 
 pub use cgroup::{Cgroup, CgroupVersion, OomCounters, find_container_cgroup, own_cgroup, quantity};
-pub use ledger::{OomKill, OomLedger, rfc3339, status_ooms};
+pub use ledger::{OomKill, OomLedger, status_ooms};
 pub use notify::Notifier;
 pub use procs::{ProcStat, SeenProc};
 

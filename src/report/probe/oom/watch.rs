@@ -423,7 +423,7 @@ impl OomWatch {
         let mut out = Vec::new();
         for k in 0..kills as usize {
             let kill = OomKill {
-                time: oom::rfc3339(now),
+                time: crate::time::rfc3339_seconds(now),
                 container: container.clone(),
                 source: "cgroup",
                 process: victims.get(k).cloned(),

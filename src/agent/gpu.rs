@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::warn;
 
-use super::{Engine, handover};
+use super::{Engine, observations};
 use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent, XidWatch};
 use crate::report::probe::gpu::xid::XidLedger;
 use crate::report::probe::gpu::{GpuInfo, GpuProbe};
@@ -107,20 +107,20 @@ impl Engine {
         match ev {
             GpuEvent::Watch(w) => {
                 self.metrics.gpu_xid_watched.set(w.watched.len() as i64);
-                self.gpus.watch = Some(w);
+                self.probes.gpus.watch = Some(w);
             }
             GpuEvent::Xid(e) => {
-                let n = self.gpus.xids.record(e.clone());
+                let n = self.probes.gpus.xids.record(e.clone());
                 warn!(count = n, "{}", e.message());
                 self.metrics
                     .gpu_xid_errors
-                    .get_or_create(&handover::xid_label(&e, self.gpus.xids.kept(&e)))
+                    .get_or_create(&observations::xid_label(&e, self.probes.gpus.xids.kept(&e)))
                     .inc();
                 self.outbox.push(("GPUXidError", e.message()), true);
             }
             GpuEvent::Lost { why } => {
-                self.gpus.lost = Some(why);
-                self.gpus.events = None;
+                self.probes.gpus.lost = Some(why);
+                self.probes.gpus.events = None;
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Wall-clock times as people and peers read them: RFC 3339 text and milliseconds since
+//! Time, in the one place the crate spells it: wall-clock times as people and peers read them: RFC 3339 text and milliseconds since
 //! the Unix epoch. Every function here is total: a time comes from clocks and files
 //! that anyone may set (a heartbeat's mtime, a node's clock, an observation file), and
 //! RFC 3339 has four digits for the year, so a time before 1970 is shown as 1970 and
@@ -28,6 +28,11 @@ pub fn to_ms(t: SystemTime) -> u64 {
     clamp(t)
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(MAX_MS))
+}
+
+/// Now, in milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    to_ms(SystemTime::now())
 }
 
 /// The time `ms` after the epoch, at most [`MAX_MS`].

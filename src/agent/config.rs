@@ -9,9 +9,9 @@ use thiserror::Error;
 use crate::Code;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::MetricsError;
+use crate::stall::progress::WatchConfig;
 use crate::supervise::child::SpawnError;
 use crate::supervise::policy::Policy;
-use crate::supervise::progress::WatchConfig;
 
 pub use crate::report::Mode;
 
@@ -59,6 +59,13 @@ pub enum ReportError {
     Spawn(#[from] SpawnError),
     #[error("cannot handle signals: {0}")]
     Signals(std::io::Error),
+}
+
+impl Config {
+    /// The agent's role, decided here once.
+    pub fn role(&self) -> super::Role {
+        super::Role::of(self.mode, self.observations.as_deref())
+    }
 }
 
 impl ReportError {

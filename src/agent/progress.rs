@@ -1,4 +1,4 @@
-//! The reporter's side of the progress watch ([`crate::supervise::progress`]).
+//! The reporter's side of the progress watch ([`crate::stall::progress`]).
 //!
 //! exec: every `--interval` it looks at the heartbeat file and CMD's CPU time, checks
 //! for a stall, and on one writes the `Stalled` Event's note (what CMD did over the
@@ -17,13 +17,14 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
-use crate::peers::progress::{PeerStall, annotation, epoch_ms, to_act_on};
-use crate::supervise::output::Watch;
-use crate::supervise::policy::OnStall;
-use crate::supervise::progress::{
+use crate::stall::peers::{PeerStall, annotation, to_act_on};
+use crate::stall::progress::{
     Heartbeat, JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig,
     stalled_note,
 };
+use crate::supervise::output::Watch;
+use crate::supervise::policy::OnStall;
+use crate::time::to_ms as epoch_ms;
 
 /// exec's progress watch.
 pub(super) struct Watching {
@@ -46,7 +47,7 @@ pub(super) struct Watching {
     /// The peers' stalls known when CMD last restarted: the restart answered them.
     acted: Vec<PeerStall>,
     /// This pod tells when the job as a whole makes no progress
-    /// ([`crate::supervise::progress::judge`]).
+    /// ([`crate::stall::progress::judge`]).
     speaks_for_job: bool,
 }
 
@@ -121,8 +122,8 @@ impl Engine {
     /// `ended`: CMD has exited, and only an end of a stall is news.
     pub(super) fn check_progress(&mut self, ended: bool) {
         let now = SystemTime::now();
-        let ticks: u64 = self.oom.tree.values().map(|p| p.cpu_ticks).sum();
-        let Some(w) = self.progress.as_mut() else {
+        let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
+        let Some(w) = self.progress.watching.as_mut() else {
             return;
         };
         if w.beat.changed(w.heartbeat.as_deref().and_then(mtime)) {
@@ -152,15 +153,15 @@ impl Engine {
             speaks_for_job,
             peer_progress: self.peer_progress(),
         };
-        let w = self.progress.as_mut().expect("checked above");
+        let w = self.progress.watching.as_mut().expect("checked above");
         let stall = w.stall.as_mut().expect("checked above");
         match stall.check(&progress, job, now) {
             Some(Transition::Stalled { n, kind }) => {
                 let anchor = stall.anchor(&progress);
                 let silent = now.duration_since(anchor).unwrap_or_default();
                 let cpu = cpu_percent(&w.cpu, anchor);
-                let gpus = self.gpus.utilization();
-                let w = self.progress.as_mut().expect("checked above");
+                let gpus = self.probes.gpus.utilization();
+                let w = self.progress.watching.as_mut().expect("checked above");
                 w.last_stall = Some(anchor);
                 w.note = match kind {
                     StallKind::Own => stalled_note(silent, &progress, cpu, &gpus),
@@ -172,7 +173,7 @@ impl Engine {
                 };
                 warn!(stall = n, "{}", w.note);
                 let note = w.note.clone();
-                self.metrics.stalls.inc();
+                self.metrics.progress.stalls.inc();
                 if self.outgoing.is_none() {
                     self.outbox.push(("Stalled", note), true);
                 }
@@ -182,6 +183,7 @@ impl Engine {
         }
         let standing = self
             .progress
+            .watching
             .as_ref()
             .and_then(|w| w.stall.as_ref())
             .map(|s| (s.stalled(), s.silent()));
@@ -189,13 +191,13 @@ impl Engine {
     }
 
     /// exec: when to check for a stall besides every `--interval`: the moment one would
-    /// begin ([`crate::supervise::progress::StallWatch::due`]), while it is ahead (a
+    /// begin ([`crate::stall::progress::StallWatch::due`]), while it is ahead (a
     /// moment passed without a stall, a rank only silent, waits for the probes).
     pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
         if self.cfg.mode != Mode::Exec {
             return None;
         }
-        let w = self.progress.as_ref()?;
+        let w = self.progress.watching.as_ref()?;
         let due = w.stall.as_ref()?.due(&w.watch.progress())?;
         let left = due.duration_since(SystemTime::now()).ok()?;
         // A millisecond past it, so that the check's own clock reads it as passed.
@@ -210,10 +212,12 @@ impl Engine {
         };
         if let Some((stalled, silent)) = standing {
             self.metrics
+                .progress
                 .stalled
                 .get_or_create(&label)
                 .set(i64::from(stalled));
             self.metrics
+                .progress
                 .silent
                 .get_or_create(&label)
                 .set(i64::from(silent));
@@ -222,20 +226,28 @@ impl Engine {
             let secs = at
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
-            self.metrics.last_progress.get_or_create(&label).set(secs);
+            self.metrics
+                .progress
+                .last_progress
+                .get_or_create(&label)
+                .set(secs);
         }
         if let Some(step) = p.step {
-            self.metrics.progress_step.get_or_create(&label).set(step);
+            self.metrics
+                .progress
+                .progress_step
+                .get_or_create(&label)
+                .set(step);
         }
     }
 
     /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
-    /// own, or a peer's ([`crate::peers::progress::to_act_on`]).
+    /// own, or a peer's ([`crate::stall::peers::to_act_on`]).
     pub(super) fn act_on_stall(&self) -> Option<String> {
         if self.cfg.mode != Mode::Exec || self.cfg.restart.on_stall == OnStall::Report {
             return None;
         }
-        let w = self.progress.as_ref()?;
+        let w = self.progress.watching.as_ref()?;
         if let Some(s) = w.stall.as_ref() {
             let after = humantime::format_duration(s.after);
             match s.standing {
@@ -261,7 +273,7 @@ impl Engine {
             format!(
                 "pod {} made no progress since {}",
                 s.pod,
-                crate::report::probe::oom::rfc3339(s.since)
+                crate::time::rfc3339_seconds(s.since)
             )
         })
     }
@@ -295,12 +307,12 @@ impl Engine {
     /// where it publishes, else (the sidecar) what exec handed over, whose metrics it
     /// serves too.
     pub(super) fn progress_annotation(&mut self) -> Option<String> {
-        let o = match (&self.progress, &self.inbox) {
+        let o = match (&self.progress.watching, &self.inbox) {
             (Some(w), _) if self.outgoing.is_none() => w.observation(),
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
-                    at: o.at_ms.map(crate::wallclock::from_ms),
+                    at: o.at_ms.map(crate::time::from_ms),
                     step: o.step,
                     ..Progress::default()
                 };
@@ -320,9 +332,9 @@ impl Engine {
             .as_ref()
             .map(|p| p.to_relay(own))
             .unwrap_or_default();
-        let a = annotation(&o, self.progress_published.as_ref(), after, &relayed);
+        let a = annotation(&o, self.progress.published.as_ref(), after, &relayed);
         let text = serde_json::to_string(&a).expect("plain data");
-        self.progress_published = Some(a);
+        self.progress.published = Some(a);
         Some(text)
     }
 
@@ -331,7 +343,7 @@ impl Engine {
     pub(super) fn progress_restarted(&mut self) {
         let now = SystemTime::now();
         let known = self.peer_stalls();
-        if let Some(w) = self.progress.as_mut() {
+        if let Some(w) = self.progress.watching.as_mut() {
             w.started = now;
             w.acted = known;
             // A touch by the CMD that was stopped is no progress of this run.

@@ -1,4 +1,4 @@
-//! The engine's two ends of `peers.json` ([`crate::handover::peers`]): the
+//! The engine's two ends of `peers.json` ([`crate::peerchange::file`]): the
 //! sidecar says where the cluster stands and moves the files for a waiting exec; exec,
 //! without API credentials, learns of a peer change from it and restarts from the moved
 //! files.
@@ -11,17 +11,17 @@ use tracing::{info, warn};
 use super::Engine;
 use crate::cluster::drift;
 use crate::flags;
-use crate::handover::peers::{self, MAX_STALLED, PeersState, StalledPeer, VERSION};
-use crate::peers::progress::PeerStall;
+use crate::peerchange::file::{self as peers, MAX_STALLED, PeersState, StalledPeer, VERSION};
+use crate::peerchange::protocol::{ExecWait, Relay, Waiting};
 use crate::render;
+use crate::stall::peers::PeerStall;
 
 /// The sidecar's end.
 pub(super) struct Outgoing {
     dir: PathBuf,
-    generation: u64,
     written: Option<PeersState>,
-    /// The (exec epoch, restart number) whose wait was answered.
-    answered: Option<(String, u32)>,
+    /// The sidecar's side of the exchange ([`crate::peerchange::protocol`]).
+    pub relay: Relay,
     /// The last write failed (logged once).
     failed: bool,
 }
@@ -34,9 +34,8 @@ impl Outgoing {
         let generation = peers::read(&dir).map_or(0, |s| s.generation);
         Some(Outgoing {
             dir,
-            generation,
             written: None,
-            answered: None,
+            relay: Relay::new(generation),
             failed: false,
         })
     }
@@ -71,11 +70,21 @@ impl Incoming {
         self.state
             .as_ref()
             .filter(|s| !s.is_current())
-            .map(|s| s.cluster.clone())
+            .map(|s| s.cluster.text().to_string())
     }
 
-    pub fn generation(&self) -> u64 {
-        self.state.as_ref().map_or(0, |s| s.generation)
+    /// A wait for the moved files, from the state exec sees now.
+    pub fn wait(&self) -> ExecWait {
+        ExecWait {
+            before: self.state.as_ref().map_or(0, |s| s.generation),
+        }
+    }
+
+    /// The sidecar answered `wait`.
+    pub fn over(&self, wait: &ExecWait) -> bool {
+        self.state
+            .as_ref()
+            .is_some_and(|s| wait.over(s.generation, s.is_current()))
     }
 
     /// The peers the sidecar reports stalled.
@@ -85,7 +94,7 @@ impl Incoming {
             .flat_map(|s| &s.stalled)
             .map(|p| PeerStall {
                 pod: p.pod.clone(),
-                since: crate::wallclock::from_ms(p.since_ms),
+                since: crate::time::from_ms(p.since_ms),
                 ongoing: p.ongoing,
             })
             .collect()
@@ -134,26 +143,29 @@ impl Engine {
             .and_then(|i| i.fresh(SystemTime::now()))
             .and_then(|o| {
                 let r = o.restart.as_ref().filter(|r| r.waiting)?;
-                Some((o.epoch.clone(), r.restarts))
-            })
-            .filter(|w| out.answered.as_ref() != Some(w));
-        let (Some(w), Some(moved)) = (waiting, drift::moves(drift)) else {
+                Some(Waiting {
+                    epoch: o.epoch.clone(),
+                    restart: r.restarts,
+                })
+            });
+        let Some(answer) = out.relay.to_answer(waiting, drift::moves(drift)) else {
             return false;
         };
+        let moved = &answer.moves;
         if !moved.is_empty() {
-            if let Err(e) = render::rehost_outputs(&out.dir, &moved, watch.generation) {
+            if let Err(e) = render::rehost_outputs(&out.dir, moved, watch.generation) {
                 warn!("cannot move the cluster files to the replacements: {e}");
                 return false;
             }
             let tasks: Vec<String> = moved
                 .iter()
-                .map(|(t, m, _, _)| format!("{t} {} → {}", m.from, m.to))
+                .map(|m| format!("{} {} → {}", m.task, m.host.from, m.host.to))
                 .collect();
             info!(moved = ?tasks, dir = %out.dir.display(), "moved the cluster files to the replacements for trainlet exec's restart");
         }
-        out.generation += 1;
-        out.answered = Some(w);
-        !moved.is_empty()
+        let any = !moved.is_empty();
+        out.relay.answered(answer);
+        any
     }
 
     /// Sidecar: tells exec where the cluster stands; when exec has stopped CMD and
@@ -184,29 +196,27 @@ impl Engine {
             .filter(|s| Some(&s.pod) != own.as_ref())
             .take(MAX_STALLED)
             .map(|s| StalledPeer {
-                since_ms: crate::peers::progress::epoch_ms(s.since),
+                since_ms: crate::time::to_ms(s.since),
                 pod: s.pod,
                 ongoing: s.ongoing,
             })
             .collect();
         // A restart exec makes for a peer's stall is one this sidecar told it of.
-        self.restart_allowed |= !stalled.is_empty();
+        out.relay.told(false, !stalled.is_empty());
         let state = PeersState {
             version: VERSION,
-            generation: out.generation,
-            cluster: drift::annotation(watch.drift.as_deref().unwrap_or_default()),
+            generation: out.relay.generation,
+            cluster: drift::ClusterStatus::of(watch.drift.as_deref().unwrap_or_default()),
             stalled,
             progress_ms: watch
                 .latest_progress(own.as_deref())
-                .map(crate::peers::progress::epoch_ms),
+                .map(crate::time::to_ms),
         };
         if out.written.as_ref() != Some(&state) {
             match peers::write(&out.dir, &state) {
                 Ok(()) => {
                     // exec's next restart answers this.
-                    if !state.is_current() {
-                        self.restart_allowed = true;
-                    }
+                    out.relay.told(!state.is_current(), false);
                     out.written = Some(state);
                     out.failed = false;
                 }

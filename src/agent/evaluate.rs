@@ -22,7 +22,7 @@ impl Engine {
     pub(super) fn evaluate(&mut self) {
         let container = self.container_name();
         let expected = pod::expected_gpus(self.cfg.expect_gpus, self.training());
-        let mut sources = self.oom.sources();
+        let mut sources = self.probes.oom.sources();
         if self.link.is_some() {
             sources.push("pod status".into());
         }
@@ -32,7 +32,7 @@ impl Engine {
         // is unknown, which is no problem to announce.
         let now = SystemTime::now();
         let exec_gpu;
-        let mut ports = Cow::Borrowed(&self.listeners.states);
+        let mut ports = Cow::Borrowed(&self.probes.listeners.states);
         let mut unknown = None;
         let (gpu, gpus_seen, gpu_lost, xid_watch) = match self
             .inbox
@@ -56,21 +56,21 @@ impl Engine {
                 )
             }
             None => {
-                if self.cfg.mode == Mode::Sidecar && self.gpus.info.count() == 0 {
+                if self.cfg.mode == Mode::Sidecar && self.probes.gpus.info.count() == 0 {
                     unknown = Some(match &self.inbox {
-                        Some(i) => i.why_unknown(&self.gpus.info.nvml_status(), now),
+                        Some(i) => i.why_unknown(&self.probes.gpus.info.nvml_status(), now),
                         None => format!(
                             "this sidecar has no GPU of its own (NVML: {}) and no observations from trainlet exec (--{})",
-                            self.gpus.info.nvml_status(),
+                            self.probes.gpus.info.nvml_status(),
                             flags::OBSERVATIONS
                         ),
                     });
                 }
                 (
-                    &self.gpus.info,
-                    self.gpus.seen,
-                    self.gpus.lost.as_deref(),
-                    self.gpus.watch.as_ref(),
+                    &self.probes.gpus.info,
+                    self.probes.gpus.seen,
+                    self.probes.gpus.lost.as_deref(),
+                    self.probes.gpus.watch.as_ref(),
                 )
             }
         };
@@ -83,18 +83,18 @@ impl Engine {
         let step = self.state.step(Observed {
             mode: self.cfg.mode.as_str(),
             container: &container,
-            since: &self.since,
+            since: &self.clock.since,
             gpu,
             expected: expected.as_ref(),
             ports: ports.as_ref(),
-            oom_total: self.oom.ledger.total,
-            oom_by_container: &self.oom.ledger.by_container,
-            oom_recent: &self.oom.ledger.kills,
+            oom_total: self.probes.oom.ledger.total,
+            oom_by_container: &self.probes.oom.ledger.by_container,
+            oom_recent: &self.probes.oom.ledger.kills,
             oom_sources: sources,
             errors,
             gpus_seen,
             gpu_lost,
-            xids: &self.gpus.xids,
+            xids: &self.probes.gpus.xids,
             xid_watch,
             gpu_unknown: unknown.as_deref(),
             exec: mark.as_ref(),
@@ -122,9 +122,9 @@ impl Engine {
         // already says whether the cluster is current, and for NVML's event
         // registration, so that it says which GPUs are watched: one patch, not two.
         let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
-            && self.started.elapsed() < peer_watch::FIRST_LIST_WAIT;
-        let gpus_pending =
-            self.gpus.registering() && self.started.elapsed() < super::gpu::REGISTRATION_WAIT;
+            && self.clock.at.elapsed() < peer_watch::FIRST_LIST_WAIT;
+        let gpus_pending = self.probes.gpus.registering()
+            && self.clock.at.elapsed() < super::gpu::REGISTRATION_WAIT;
         if !peers_pending && !gpus_pending {
             let mut annotations = step.annotations;
             if let Some(text) = self.resolution() {
@@ -134,7 +134,7 @@ impl Engine {
                 annotations.insert(crate::publish::keys::PROGRESS.into(), Some(text));
             }
             self.outbox.want(annotations);
-            self.evaluated = true;
+            self.once.evaluated = true;
         }
         self.schedule();
     }
@@ -142,7 +142,7 @@ impl Engine {
     pub(super) fn schedule(&mut self) {
         let settled = self.outbox.schedule(Instant::now());
         // Without a link (exec outside a pod) the metrics are the report.
-        if self.evaluated && (settled || self.link.is_none()) {
+        if self.once.evaluated && (settled || self.link.is_none()) {
             self.ready.set();
         }
     }
@@ -165,7 +165,7 @@ impl Engine {
             .set(expected.map_or(0, |e| i64::from(e.count)));
         m.health.set(i64::from(report.health == Health::Ok));
         if let Some(c) = &report.cluster {
-            m.cluster_stale.set(i64::from(c != "current"));
+            m.cluster_stale.set(i64::from(!c.is_current()));
         }
         // No await between clear and set: a scrape on this thread never sees a gap.
         m.gpu_info.clear();

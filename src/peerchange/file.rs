@@ -13,8 +13,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::file;
-use crate::cluster::drift::ANNOTATION_MAX;
+use crate::cluster::drift::{ANNOTATION_MAX, ClusterStatus};
+use crate::handover::file;
 use crate::render::{self, OutputError};
 
 /// The file's name, in init's output directory.
@@ -33,7 +33,7 @@ pub struct PeersState {
     /// Raised each time the sidecar has moved the files for a waiting exec.
     pub generation: u64,
     /// `current`, or `stale: …`, as `trainlet.io/cluster`.
-    pub cluster: String,
+    pub cluster: ClusterStatus,
     /// The peers that publish a stall (`trainlet.io/progress`), for exec's
     /// `--on-stall restart`: at most [`MAX_STALLED`], the earliest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -61,7 +61,7 @@ pub struct StalledPeer {
 
 impl PeersState {
     pub fn is_current(&self) -> bool {
-        self.cluster == "current"
+        self.cluster.is_current()
     }
 }
 
@@ -92,7 +92,7 @@ mod tests {
         let s = PeersState {
             version: VERSION,
             generation: 2,
-            cluster: "stale: worker/1 10.0.0.7 → none".into(),
+            cluster: ClusterStatus::Stale("stale: worker/1 10.0.0.7 → none".into()),
             stalled: vec![StalledPeer {
                 pod: "w-2".into(),
                 since_ms: 1_000,

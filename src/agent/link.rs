@@ -65,9 +65,9 @@ impl Engine {
 
     pub(super) fn on_pod(&mut self, mut pod: Pod) {
         pod.metadata.managed_fields = None;
-        if self.cfg.mode == Mode::Sidecar && !self.seeded {
+        if self.cfg.mode == Mode::Sidecar && !self.once.seeded {
             self.seed_from(&pod);
-            self.seeded = true;
+            self.once.seeded = true;
         }
         if let Some(link) = &self.link {
             let manager = match self.cfg.mode {
@@ -87,11 +87,11 @@ impl Engine {
         {
             info!(
                 container = %self.container_name(),
-                started_at = %crate::wallclock::rfc3339_seconds(at),
+                started_at = %crate::time::rfc3339_seconds(at),
                 "the training container started"
             );
         }
-        if self.training().is_none() && !self.warned_no_container {
+        if self.training().is_none() && !self.once.warned_no_container {
             let containers: Vec<String> = self
                 .view
                 .pod
@@ -108,16 +108,17 @@ impl Engine {
                 containers.join(", "),
                 flags::CONTAINER
             );
-            self.warned_no_container = true;
+            self.once.warned_no_container = true;
         }
         for kill in self
+            .probes
             .oom
             .record_status(&self.view, self.cfg.container.as_deref())
         {
             self.announce_kill(&kill, true);
         }
         if let (Mode::Sidecar, Some(root)) = (self.cfg.mode, &self.cfg.cgroup_root) {
-            self.oom.resolve_container_cgroups(root, &self.view);
+            self.probes.oom.resolve_container_cgroups(root, &self.view);
         }
         if self.cfg.exit_with_main && self.view.finished(&self.container_name()) {
             info!(
@@ -125,7 +126,7 @@ impl Engine {
                 "the training container has terminated; exiting (--{})",
                 flags::EXIT_WITH_MAIN
             );
-            self.stop = true;
+            self.life.stop = true;
         }
     }
 }

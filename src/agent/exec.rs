@@ -27,8 +27,9 @@ impl Engine {
             return p.stale();
         }
         let drift = self.peers.as_ref()?.drift.as_deref()?;
-        let text = crate::cluster::drift::annotation(drift);
-        (text != "current").then_some(text)
+        crate::cluster::drift::ClusterStatus::of(drift)
+            .stale()
+            .map(String::from)
     }
 }
 
@@ -50,22 +51,22 @@ pub async fn exec_reporter(
 
     // Before CMD exists: who already listens (such a port is a conflict), and the
     // own cgroup's OOM counters as the baseline.
-    engine.listeners.before_spawn();
+    engine.probes.listeners.before_spawn();
     match oom::own_cgroup() {
         Ok(cg) => {
             let name = engine.container_name();
-            engine.oom.watch_cgroup(name, String::new(), cg);
+            engine.probes.oom.watch_cgroup(name, String::new(), cg);
         }
         Err(e) => {
             warn!("OOM kills of CMD's processes cannot be watched: {e}");
-            engine.oom.errors.insert("oom".into(), e.to_string());
+            engine.probes.oom.errors.insert("oom".into(), e.to_string());
         }
     }
-    let watch = engine.progress.as_ref().map(|w| w.watch.clone());
-    engine.child = Some(lifecycle::spawn(cmd, program, watch.as_ref())?);
+    let watch = engine.progress.watching.as_ref().map(|w| w.watch.clone());
+    engine.life.child = Some(lifecycle::spawn(cmd, program, watch.as_ref())?);
     // What NVML shows, before anything is handed over: a CMD that ends at once must
     // not leave the sidecar a GPU count of 0 that nothing probed.
-    engine.gpus.probe();
+    engine.probes.gpus.probe();
 
     if engine.outgoing.is_some() {
         // The sidecar publishes: this container needs (and has) no API credentials.
@@ -82,14 +83,14 @@ pub async fn exec_reporter(
         (Some(_), None) => String::new(),
         _ => engine.container_name(),
     };
-    engine.oom.name_own(name);
+    engine.probes.oom.name_own(name);
     engine.start_peer_watch();
     if let Some(p) = engine.peers_in.as_mut() {
         p.read();
         p.watch();
     }
     engine.reap();
-    engine.gpus.watch_events();
+    engine.probes.gpus.watch_events();
     Ok((engine, signals))
 }
 
@@ -99,7 +100,7 @@ impl Reporter for Engine {
     }
 
     fn child(&mut self) -> &mut Option<Child> {
-        &mut self.child
+        &mut self.life.child
     }
 
     async fn run(&mut self, signals: &mut Signals) {
@@ -107,11 +108,11 @@ impl Reporter for Engine {
     }
 
     fn stopped(&self) -> bool {
-        self.stop
+        self.life.stop
     }
 
     fn terminating(&self) -> bool {
-        self.terminating
+        self.life.terminating
     }
 
     fn stale(&self) -> Option<String> {
@@ -123,7 +124,7 @@ impl Reporter for Engine {
     }
 
     fn output_watch(&self) -> Option<std::sync::Arc<crate::supervise::output::Watch>> {
-        self.progress.as_ref().map(|w| w.watch.clone())
+        self.progress.watching.as_ref().map(|w| w.watch.clone())
     }
 
     async fn settle(&mut self, signals: &mut Signals, until: Instant) {
@@ -136,7 +137,7 @@ impl Reporter for Engine {
                 sig = signals.recv() => match sig {
                     Some(signal::SIGCHLD) => self.reap(),
                     Some(s) if signal::STOP.contains(&s) => {
-                        self.stop = true;
+                        self.life.stop = true;
                         return;
                     }
                     _ => {}
@@ -147,9 +148,9 @@ impl Reporter for Engine {
 
     async fn restarting(&mut self, n: u32, note: String) {
         self.metrics.restarts.inc();
-        if self.outgoing.is_some() {
+        if let Some(out) = self.outgoing.as_mut() {
             // The sidecar announces it.
-            self.restart_obs = Some(crate::handover::observation::RestartObservation {
+            out.restart = Some(crate::handover::observation::RestartObservation {
                 restarts: n,
                 note: crate::publish::truncate(&note, crate::handover::observation::MAX_TEXT),
                 waiting: false,
@@ -165,11 +166,11 @@ impl Reporter for Engine {
     /// sidecar has moved the files to the replacements and says `current` with a
     /// higher generation. With credentials, nothing: the init workflow waits itself.
     async fn wait_for_files(&mut self) -> Result<(), Failure> {
-        let Some(before) = self.peers_in.as_ref().map(peers_file::Incoming::generation) else {
+        let Some(wait) = self.peers_in.as_ref().map(peers_file::Incoming::wait) else {
             return Ok(());
         };
         let deadline = self.cfg.restart.wait.map(|w| Instant::now() + w);
-        if let Some(r) = self.restart_obs.as_mut() {
+        if let Some(r) = self.outgoing.as_mut().and_then(|o| o.restart.as_mut()) {
             r.waiting = true;
         }
         self.hand_over(None);
@@ -181,7 +182,7 @@ impl Reporter for Engine {
         loop {
             if let Some(p) = self.peers_in.as_mut() {
                 p.read();
-                if p.generation() > before && p.stale().is_none() {
+                if p.over(&wait) {
                     return Ok(());
                 }
             }
@@ -213,24 +214,23 @@ impl Reporter for Engine {
     }
 
     fn started_again(&mut self) {
-        if let Some(r) = self.restart_obs.as_mut() {
+        if let Some(r) = self.outgoing.as_mut().and_then(|o| o.restart.as_mut()) {
             r.waiting = false;
         }
         self.progress_restarted();
         // The new cluster is the one to watch from now on, from a fresh list: the old
         // watches were not read while CMD was down, and what they buffered would first
         // show the new cluster stale again.
-        self.peers = self
-            .cfg
-            .cluster_file
-            .as_deref()
-            .and_then(peer_watch::PeerWatch::load);
+        self.peers = match self.cfg.cluster_file.as_deref() {
+            Some(f) if self.role.watches_peers() => peer_watch::PeerWatch::load(f),
+            _ => None,
+        };
         self.start_peer_watch();
         self.refresh();
     }
 
     async fn finish(&mut self, code: i32) -> Option<String> {
-        self.gpus.stop_events();
+        self.probes.gpus.stop_events();
         // CMD is gone: one last look at the counters (CMD itself may have been the
         // victim), then the last report.
         self.check_oom(false).await;
@@ -239,14 +239,14 @@ impl Reporter for Engine {
         // A CMD that could not listen on its port ends at once, often before the first
         // probe: then look now, while the holder still holds it, or the conflict that
         // ended CMD is never reported.
-        if self.listeners.states.is_empty() {
+        if self.probes.listeners.states.is_empty() {
             self.probe_ports();
         }
-        if self.evaluated || self.link.is_some() {
+        if self.once.evaluated || self.link.is_some() {
             self.evaluate();
         }
         self.outbox.flush(&self.metrics, &self.ready).await;
         self.hand_over(Some(code));
-        self.oom.ledger.kills.last().map(OomKill::message)
+        self.probes.oom.ledger.kills.last().map(OomKill::message)
     }
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::handover::observation::ProgressObservation;
-use crate::wallclock;
+use super::observation::ProgressObservation;
+use crate::time;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
 /// [`PUBLISH_EVERY`] while nothing else changes), the step, and whether CMD is stalled
@@ -58,7 +58,7 @@ pub fn annotation(
     stall_after: Option<Duration>,
     relayed: &[PeerStall],
 ) -> Annotation {
-    let rfc = |t_ms: u64| wallclock::rfc3339_seconds(wallclock::from_ms(t_ms));
+    let rfc = |t_ms: u64| time::rfc3339_seconds(time::from_ms(t_ms));
     let every = stall_after.map_or(PUBLISH_EVERY, |d| (d / 2).min(PUBLISH_EVERY));
     let fresh = Annotation {
         at: o.at_ms.map(rfc),
@@ -66,14 +66,14 @@ pub fn annotation(
         stalled: o.stalled,
         silent: o.silent,
         // To the millisecond: peers compare it with when their CMD last started.
-        since: o.since_ms.map(|t| millis(wallclock::from_ms(t))),
+        since: o.since_ms.map(|t| time::rfc3339_millis(time::from_ms(t))),
         stalls: o.stalls,
         relayed: relayed
             .iter()
             .take(MAX_RELAYED)
             .map(|s| Relayed {
                 pod: s.pod.clone(),
-                since: millis(s.since),
+                since: time::rfc3339_millis(s.since),
                 stalled: s.ongoing,
             })
             .collect(),
@@ -94,7 +94,7 @@ pub fn annotation(
         .at
         .as_deref()
         .and_then(|t| humantime::parse_rfc3339(t).ok())
-        .map(epoch_ms);
+        .map(time::to_ms);
     match (prev_ms, o.at_ms) {
         (Some(p), Some(now)) if now.saturating_sub(p) < every.as_millis() as u64 => prev.clone(),
         _ => fresh,
@@ -159,17 +159,6 @@ pub fn to_act_on<'a>(
         .filter(|s| !acted.iter().any(|a| a.pod == s.pod && a.since == s.since))
         .filter(|s| s.ongoing || s.since > started)
         .min_by_key(|s| s.since)
-}
-
-/// RFC 3339 to the millisecond: peers compare a stall's start with when their CMD last
-/// started. Clamped to 1970..9999 ([`wallclock`]), never a panic.
-fn millis(t: SystemTime) -> String {
-    wallclock::rfc3339_millis(t)
-}
-
-/// Milliseconds since the epoch (0 before it, at most the end of 9999).
-pub fn epoch_ms(t: SystemTime) -> u64 {
-    wallclock::to_ms(t)
 }
 
 #[cfg(test)]

@@ -22,11 +22,12 @@ mod config;
 mod evaluate;
 mod exec;
 mod gpu;
-mod handover;
 mod link;
+mod observations;
 mod peers_file;
 mod progress;
 mod republish;
+mod role;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,8 +42,8 @@ use crate::peers::drift as peer_watch;
 use crate::publish::{ContainerUrgency, TokenBucket};
 use crate::report::outbox::Outbox;
 use crate::report::pod::{self, PodView};
+use crate::report::probe::oom::OomKill;
 use crate::report::probe::oom::watch::{self as oom_watch, OomWatch};
-use crate::report::probe::oom::{self, OomKill};
 use crate::report::probe::ports::listeners::{self, Listeners};
 use crate::report::state::State;
 use crate::signal::{self, Signals};
@@ -51,81 +52,121 @@ use crate::supervise::policy::{OnPeerChange, OnStall};
 pub use config::{Config, Mode, ReportError};
 pub use exec::exec_reporter;
 use link::{Link, next_pod};
+pub use role::{Exec, Role};
 
 pub struct Engine {
     cfg: Config,
-    since: String,
+    /// Which process this is, decided once ([`Role::of`]).
+    role: Role,
+    clock: Clock,
     view: PodView,
     link: Option<Link>,
-    gpus: gpu::Gpus,
-    listeners: Listeners,
-    oom: OomWatch,
+    probes: Probes,
     state: State,
     outbox: Outbox,
     metrics: Arc<Metrics>,
     ready: Readiness,
-    evaluated: bool,
-    warned_no_container: bool,
-    child: Option<Child>,
-    stop: bool,
-    /// Exec: a stop signal was forwarded to CMD.
-    terminating: bool,
-    /// exec `--observations`: hands its observations to the sidecar.
-    outgoing: Option<handover::Outgoing>,
-    /// sidecar `--observations`: reads exec's observations.
-    inbox: Option<handover::Inbox>,
-    /// The first view of the own pod has seeded what was announced before.
-    seeded: bool,
-    /// The peers of the resolved cluster (the sidecar, or exec with credentials).
+    once: Once,
+    /// exec: CMD, and the signals that decide its end.
+    life: Life,
+    /// exec handing over: its observations, for the sidecar.
+    outgoing: Option<observations::Outgoing>,
+    /// The sidecar of an exec that hands over: exec's observations.
+    inbox: Option<observations::Inbox>,
+    /// The peers of the resolved cluster, where this process watches them
+    /// ([`Role::watches_peers`]).
     peers: Option<peer_watch::PeerWatch>,
-    /// Sidecar with exec handing over: where the cluster stands, for exec.
+    /// The sidecar of an exec that hands over: where the cluster stands, for exec.
     peers_out: Option<peers_file::Outgoing>,
-    /// exec handing over, with `--on-peer-change restart|exit`: the sidecar's word.
+    /// exec handing over, with `--on-peer-change restart|exit` or a stall rule: the
+    /// sidecar's word.
     peers_in: Option<peers_file::Incoming>,
-    /// exec: its restarts, for the observation.
-    restart_obs: Option<crate::handover::observation::RestartObservation>,
-    /// Sidecar: how often the training container's news may hurry a patch.
-    container_urgency: TokenBucket,
-    /// Sidecar: lines logged about the training container's news, and those not.
-    news_log: TokenBucket,
-    news_unlogged: u64,
-    /// Sidecar: it told exec of a stale cluster since the last restart it announced,
-    /// so exec's next restart is one it asked for.
-    restart_allowed: bool,
+    /// The sidecar: news from the training container, bounded.
+    news: News,
     /// The resolver pod's reporter: the resolution it publishes again.
     republish: republish::Republish,
+    progress: ProgressParts,
+}
+
+/// When the agent started.
+struct Clock {
+    at: Instant,
+    /// The same, as the report's `since`.
+    since: String,
+}
+
+/// The three probes: GPUs (NVML), listening ports, OOM kills.
+struct Probes {
+    gpus: gpu::Gpus,
+    listeners: Listeners,
+    oom: OomWatch,
+}
+
+/// Things done once.
+#[derive(Default)]
+struct Once {
+    /// A report was computed: `/readyz` may say ready once it is out.
+    evaluated: bool,
+    /// The pod has no training container: said once.
+    warned_no_container: bool,
+    /// The first view of the own pod has seeded what was announced before.
+    seeded: bool,
+}
+
+/// exec's CMD, and how the agent's loop ends.
+#[derive(Default)]
+struct Life {
+    child: Option<Child>,
+    /// A stop signal came while nothing was forwarded to CMD (or the sidecar's).
+    stop: bool,
+    /// exec: a stop signal was forwarded to CMD: no peer change restarts it.
+    terminating: bool,
+}
+
+/// The training container's news (an OOM kill, an XID, a stall), which it must not be
+/// able to turn into a flood of patches or log lines.
+struct News {
+    /// How often the news may hurry a patch.
+    urgency: TokenBucket,
+    /// Lines logged about the news, and those not.
+    log: TokenBucket,
+    unlogged: u64,
+}
+
+/// exec's progress watch, and what `trainlet.io/progress` says now (published or about
+/// to be; the sidecar publishes exec's).
+struct ProgressParts {
     /// exec: CMD's progress and stalls (`--stall-after`, `--progress-pattern`).
-    progress: Option<progress::Watching>,
-    /// What `trainlet.io/progress` says now, published or about to be.
-    progress_published: Option<crate::peers::progress::Annotation>,
-    started: Instant,
+    watching: Option<progress::Watching>,
+    published: Option<crate::stall::peers::Annotation>,
 }
 
 impl Engine {
     pub fn new(cfg: Config) -> Engine {
         let started = SystemTime::now();
         let proc_root = Path::new("/proc");
-        let (outgoing, inbox) = match (cfg.mode, cfg.observations.clone()) {
-            (Mode::Exec, Some(dir)) => (Some(handover::Outgoing::new(dir, started)), None),
-            (Mode::Sidecar, Some(dir)) => (None, Some(handover::Inbox::new(dir))),
-            (_, None) => (None, None),
-        };
-        // exec watches its peers itself only where it holds API credentials; handing
-        // over, the sidecar does.
-        let peers = match (cfg.mode, &cfg.cluster_file, &cfg.observations) {
-            (Mode::Sidecar, Some(f), _) | (Mode::Exec, Some(f), None) => {
-                peer_watch::PeerWatch::load(f)
+        let role = cfg.role();
+        let (outgoing, inbox) = match (role, cfg.observations.clone()) {
+            (Role::Exec(Exec::HandOver), Some(dir)) => {
+                (Some(observations::Outgoing::new(dir, started)), None)
             }
+            (Role::Sidecar { relays: true }, Some(dir)) => {
+                (None, Some(observations::Inbox::new(dir)))
+            }
+            _ => (None, None),
+        };
+        let peers = match &cfg.cluster_file {
+            Some(f) if role.watches_peers() => peer_watch::PeerWatch::load(f),
             _ => None,
         };
-        let peers_out = match (cfg.mode, &inbox, &cfg.cluster_file) {
-            (Mode::Sidecar, Some(_), Some(f)) => peers_file::Outgoing::new(f),
+        let peers_out = match (role, &cfg.cluster_file) {
+            (Role::Sidecar { relays: true }, Some(f)) => peers_file::Outgoing::new(f),
             _ => None,
         };
-        let peers_in = match (cfg.mode, &cfg.observations, &cfg.cluster_file) {
+        let peers_in = match (role, &cfg.cluster_file) {
             // peers.json tells of peer changes and of peers' stalls.
             // The stall rule reads the peers' progress too.
-            (Mode::Exec, Some(_), Some(f))
+            (Role::Exec(Exec::HandOver), Some(f))
                 if cfg.restart.on_change != OnPeerChange::Report
                     || cfg.restart.on_stall != OnStall::Report
                     || cfg
@@ -138,45 +179,49 @@ impl Engine {
             }
             _ => None,
         };
+        let watching = match (role, &cfg.progress) {
+            (Role::Exec(_), Some(p)) => Some(progress::Watching::new(
+                p,
+                cfg.cluster_file.as_deref(),
+                started,
+            )),
+            _ => None,
+        };
         Engine {
+            role,
             outgoing,
             inbox,
-            seeded: false,
             peers,
             peers_out,
             peers_in,
-            restart_obs: None,
-            container_urgency: ContainerUrgency::bucket(Instant::now()),
-            news_log: TokenBucket::new(20, Duration::from_secs(3), Instant::now()),
-            news_unlogged: 0,
-            restart_allowed: false,
-            republish: republish::Republish::default(),
-            progress: match (cfg.mode, &cfg.progress) {
-                (Mode::Exec, Some(p)) => Some(progress::Watching::new(
-                    p,
-                    cfg.cluster_file.as_deref(),
-                    started,
-                )),
-                _ => None,
+            news: News {
+                urgency: ContainerUrgency::bucket(Instant::now()),
+                log: TokenBucket::new(20, Duration::from_secs(3), Instant::now()),
+                unlogged: 0,
             },
-            progress_published: None,
-            started: Instant::now(),
-            gpus: gpu::Gpus::new(cfg.nvml_lib.clone()),
+            republish: republish::Republish::default(),
+            progress: ProgressParts {
+                watching,
+                published: None,
+            },
+            clock: Clock {
+                at: Instant::now(),
+                since: crate::time::rfc3339_seconds(started),
+            },
+            probes: Probes {
+                gpus: gpu::Gpus::new(cfg.nvml_lib.clone()),
+                listeners: Listeners::new(proc_root),
+                oom: OomWatch::new(cfg.mode, proc_root, started),
+            },
             outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
-            listeners: Listeners::new(proc_root),
-            oom: OomWatch::new(cfg.mode, proc_root, started),
             cfg,
-            since: oom::rfc3339(started),
             view: PodView::default(),
             link: None,
             state: State::default(),
             metrics: Arc::new(Metrics::new()),
             ready: Readiness::default(),
-            evaluated: false,
-            warned_no_container: false,
-            child: None,
-            stop: false,
-            terminating: false,
+            once: Once::default(),
+            life: Life::default(),
         }
     }
 
@@ -214,9 +259,9 @@ impl Engine {
 
     fn probe(&mut self) {
         self.metrics.probes.inc();
-        self.gpus.probe();
+        self.probes.gpus.probe();
         if self.cfg.mode == Mode::Exec {
-            self.oom.refresh_tree();
+            self.probes.oom.refresh_tree();
             self.check_progress(false);
         }
         self.read_observations();
@@ -234,13 +279,13 @@ impl Engine {
             mode: self.cfg.mode,
             view: &self.view,
             container: &container,
-            tree: &self.oom.tree,
+            tree: &self.probes.oom.tree,
         };
-        self.listeners.probe(&watched, &cx);
+        self.probes.listeners.probe(&watched, &cx);
     }
 
     async fn check_oom(&mut self, notified: bool) {
-        for kill in self.oom.check(notified, &self.view).await {
+        for kill in self.probes.oom.check(notified, &self.view).await {
             self.announce_kill(&kill, true);
         }
     }
@@ -261,11 +306,11 @@ impl Engine {
     /// must not be able to fill the sidecar's log. What is not logged is counted, and
     /// said with the next line that is.
     fn log_news(&mut self, line: &str) {
-        if !self.news_log.take(Instant::now()) {
-            self.news_unlogged += 1;
+        if !self.news.log.take(Instant::now()) {
+            self.news.unlogged += 1;
             return;
         }
-        match std::mem::take(&mut self.news_unlogged) {
+        match std::mem::take(&mut self.news.unlogged) {
             0 => warn!("{line}"),
             n => warn!("{line} ({n} lines like this one were not logged before it)"),
         }
@@ -273,8 +318,8 @@ impl Engine {
 
     /// The probes that failed, by probe: their parts of the report are partial.
     fn probe_errors(&self) -> BTreeMap<String, String> {
-        let mut errors = self.oom.errors.clone();
-        if let Some(e) = &self.listeners.error {
+        let mut errors = self.probes.oom.errors.clone();
+        if let Some(e) = &self.probes.listeners.error {
             errors.insert("ports".into(), e.clone());
         }
         errors
@@ -288,35 +333,39 @@ impl Engine {
         let mut next_growth = Instant::now();
         let far = || Instant::now() + Duration::from_secs(86400);
         loop {
-            let recheck = self.oom.recheck_until.is_some_and(|t| t > Instant::now());
+            let recheck = self
+                .probes
+                .oom
+                .recheck_until
+                .is_some_and(|t| t > Instant::now());
             // With an OOM notifier (v1 eventfd, v2 inotify) exec mode needs no fast
             // tick: the probe refreshes CMD's tree every --interval and a notification
             // refreshes it at once, while the victim is still in /proc. A 1 s tree
             // refresh here cost 0.1-0.2 % of a core at rest.
-            let fast_period = (self.oom.any_polled() || recheck).then(|| {
-                if self.oom.recheck_until.is_some() {
+            let fast_period = (self.probes.oom.any_polled() || recheck).then(|| {
+                if self.probes.oom.recheck_until.is_some() {
                     oom_watch::RECHECK
                 } else {
                     oom_watch::POLL
                 }
             });
-            let growth = self.oom.watches_growth();
+            let growth = self.probes.oom.watches_growth();
             let stall_at = self.stall_check_at();
             let publish_at = self.outbox.next().unwrap_or_else(far);
             tokio::select! {
-                sig = signals.recv() => match (sig, &self.child) {
+                sig = signals.recv() => match (sig, &self.life.child) {
                     (Some(signal::SIGCHLD), _) => self.reap(),
                     (Some(s), Some(child)) => {
                         child.forward(s);
                         // The kubelet stops the container: CMD's exit ends exec, and
                         // no peer change restarts it.
-                        self.terminating |= signal::STOP.contains(&s);
+                        self.life.terminating |= signal::STOP.contains(&s);
                     }
                     (Some(s), None) => {
                         info!("{}: stopping", signal::name(s));
-                        self.stop = true;
+                        self.life.stop = true;
                     }
-                    (None, _) => self.stop = true,
+                    (None, _) => self.life.stop = true,
                 },
                 ev = next_pod(&mut pods) => match ev {
                     Some(Ok(pod)) => { self.on_pod(pod); self.refresh(); }
@@ -328,22 +377,22 @@ impl Engine {
                 },
                 Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
                 Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
-                Some(()) = handover::next_version(&mut self.inbox) => {
+                Some(()) = observations::next_version(&mut self.inbox) => {
                     if self.read_observations() {
                         self.refresh();
                     }
                 }
-                Some(ev) = self.gpus.next_event() => {
+                Some(ev) = self.probes.gpus.next_event() => {
                     self.on_gpu_event(ev);
                     self.refresh();
                 }
-                Some(_idx) = self.oom.notified() => {
+                Some(_idx) = self.probes.oom.notified() => {
                     self.check_oom(true).await;
                     self.refresh();
                 }
                 _ = tokio::time::sleep_until(next_probe.into()) => {
                     self.probe();
-                    if self.oom.is_watching() && fast_period.is_none() {
+                    if self.probes.oom.is_watching() && fast_period.is_none() {
                         // A safety net under the notifiers.
                         self.check_oom(false).await;
                     }
@@ -352,36 +401,36 @@ impl Engine {
                 }
                 _ = tokio::time::sleep_until(stall_at.unwrap_or_else(far).into()), if stall_at.is_some() => {
                     // The moment a stall would begin: CMD's CPU over it for the note.
-                    self.oom.refresh_tree();
+                    self.probes.oom.refresh_tree();
                     self.check_progress(false);
                     self.refresh();
                 }
                 _ = tokio::time::sleep_until(next_fast.into()), if fast_period.is_some() => {
-                    if self.oom.recheck_until.is_some_and(|t| t <= Instant::now()) {
-                        self.oom.recheck_until = None;
+                    if self.probes.oom.recheck_until.is_some_and(|t| t <= Instant::now()) {
+                        self.probes.oom.recheck_until = None;
                     }
-                    let before = self.oom.ledger.total;
+                    let before = self.probes.oom.ledger.total;
                     self.check_oom(false).await;
                     if self.cfg.mode == Mode::Exec
-                        && self.oom.tree_at.is_none_or(|t| t.elapsed() >= oom_watch::TREE_REFRESH)
+                        && self.probes.oom.tree_at.is_none_or(|t| t.elapsed() >= oom_watch::TREE_REFRESH)
                     {
-                        self.oom.refresh_tree();
+                        self.probes.oom.refresh_tree();
                     }
-                    if self.oom.ledger.total != before {
+                    if self.probes.oom.ledger.total != before {
                         self.refresh();
                     }
                     next_fast = Instant::now() + fast_period.unwrap_or(oom_watch::POLL);
                 }
                 _ = tokio::time::sleep_until(next_growth.into()), if growth => {
-                    self.oom.on_growth_tick();
+                    self.probes.oom.on_growth_tick();
                     next_growth = Instant::now() + oom_watch::GROWTH_POLL;
                 }
                 _ = tokio::time::sleep_until(publish_at.into()), if self.outbox.next().is_some() => {
                     self.outbox.send(&self.metrics, &self.ready).await;
                 }
             }
-            if self.stop
-                || self.child.as_ref().is_some_and(|c| c.exit.is_some())
+            if self.life.stop
+                || self.life.child.as_ref().is_some_and(|c| c.exit.is_some())
                 || self.act_on_stale().is_some()
                 || self.act_on_stall().is_some()
             {
@@ -424,7 +473,7 @@ impl Engine {
     }
 
     fn reap(&mut self) {
-        if let Some(child) = &mut self.child {
+        if let Some(child) = &mut self.life.child {
             child.reap();
         }
     }
@@ -470,17 +519,20 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     engine.start_metrics(true)?;
     engine.connect().await?;
     if let Some(root) = &engine.cfg.cgroup_root {
-        engine.oom.resolve_container_cgroups(root, &engine.view);
+        engine
+            .probes
+            .oom
+            .resolve_container_cgroups(root, &engine.view);
     }
     // What NVML shows, before the first report: a pod event or the event thread's
     // registration can bring an evaluation before the loop's first probe, and the pod
     // must not be told a count that nothing probed.
-    engine.gpus.probe();
-    engine.gpus.watch_events();
+    engine.probes.gpus.probe();
+    engine.probes.gpus.watch_events();
     engine.watch_observations();
     engine.start_peer_watch();
     engine.run_loop(&mut signals).await;
-    engine.gpus.stop_events();
+    engine.probes.gpus.stop_events();
     engine.outbox.flush(&engine.metrics, &engine.ready).await;
     Ok(())
 }

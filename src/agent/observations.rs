@@ -27,17 +27,18 @@ pub(super) struct Outgoing {
     pub dir: PathBuf,
     pub epoch: String,
     failed: bool,
+    /// exec's restarts, for the sidecar to announce and answer.
+    pub restart: Option<crate::handover::observation::RestartObservation>,
 }
 
 impl Outgoing {
     pub fn new(dir: PathBuf, started: SystemTime) -> Outgoing {
-        let ms = started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
+        let ms = crate::time::to_ms(started);
         Outgoing {
             dir,
             epoch: format!("{}-{ms}", std::process::id()),
             failed: false,
+            restart: None,
         }
     }
 }
@@ -98,7 +99,7 @@ impl Engine {
     /// exec: everything it observed, as of now.
     pub(super) fn observation(&self, exited: Option<i32>) -> Option<Observation> {
         let out = self.outgoing.as_ref()?;
-        let ledger = &self.oom.ledger;
+        let ledger = &self.probes.oom.ledger;
         let first = ledger.total + 1 - ledger.kills.len() as u64;
         Some(Observation {
             version: VERSION,
@@ -106,15 +107,16 @@ impl Engine {
             interval_ms: self.cfg.interval.as_millis() as u64,
             exited,
             gpu: GpuObservation {
-                unavailable: self.gpus.info.nvml.clone().err(),
-                driver: self.gpus.info.driver.clone(),
-                devices: self.gpus.info.devices.clone(),
-                seen: self.gpus.seen,
-                lost: self.gpus.lost.clone(),
-                faulty: self.gpus.info.faulty.clone(),
-                xid_watch: self.gpus.watch.clone(),
+                unavailable: self.probes.gpus.info.nvml.clone().err(),
+                driver: self.probes.gpus.info.driver.clone(),
+                devices: self.probes.gpus.info.devices.clone(),
+                seen: self.probes.gpus.seen,
+                lost: self.probes.gpus.lost.clone(),
+                faulty: self.probes.gpus.info.faulty.clone(),
+                xid_watch: self.probes.gpus.watch.clone(),
             },
             xids: self
+                .probes
                 .gpus
                 .xids
                 .counts
@@ -125,6 +127,7 @@ impl Engine {
                 })
                 .collect(),
             ports: self
+                .probes
                 .listeners
                 .states
                 .iter()
@@ -140,8 +143,8 @@ impl Engine {
                 .map(|(i, k)| KillObservation::from_kill(first + i as u64, k))
                 .collect(),
             errors: self.probe_errors(),
-            restart: self.restart_obs.clone(),
-            progress: self.progress.as_ref().map(|w| w.observation()),
+            restart: out.restart.clone(),
+            progress: self.progress.watching.as_ref().map(|w| w.observation()),
         })
     }
 
@@ -174,12 +177,12 @@ impl Engine {
             return;
         };
         self.state.seed(&prev);
-        if self.gpus.xids.counts.is_empty() {
+        if self.probes.gpus.xids.counts.is_empty() {
             for x in &prev.gpu.xid_errors {
-                self.gpus.xids.add(x.error.clone(), x.count);
+                self.probes.gpus.xids.add(x.error.clone(), x.count);
                 self.metrics
                     .gpu_xid_errors
-                    .get_or_create(&xid_label(&x.error, self.gpus.xids.kept(&x.error)))
+                    .get_or_create(&xid_label(&x.error, self.probes.gpus.xids.kept(&x.error)))
                     .inc_by(x.count);
             }
         }
@@ -253,7 +256,10 @@ impl Engine {
             && epoch == o.epoch
         {
             for k in o.kills.iter().filter(|k| k.seq <= upto) {
-                self.oom.ledger.record_cgroup(k.to_kill(&container), now);
+                self.probes
+                    .oom
+                    .ledger
+                    .record_cgroup(k.to_kill(&container), now);
             }
         }
         let news = handover::news(&mut inbox.published, &o);
@@ -262,24 +268,24 @@ impl Engine {
             || !news.xids.is_empty()
             || news.restart.is_some()
             || news.stall.is_some())
-            && self.container_urgency.take(std::time::Instant::now());
+            && self.news.urgency.take(std::time::Instant::now());
         let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
         if let Some(note) = &news.stall {
             self.log_news(note);
-            self.metrics.stalls.inc();
+            self.metrics.progress.stalls.inc();
             self.outbox.push(("Stalled", note.clone()), urgent);
         }
         for k in &news.kills {
             let kill = k.to_kill(&container);
-            self.oom.ledger.record_cgroup(kill.clone(), now);
+            self.probes.oom.ledger.record_cgroup(kill.clone(), now);
             self.announce_kill(&kill, urgent);
         }
         for (e, n) in news.xids {
             self.log_news(&format!("{} ({n} new)", e.message()));
-            self.gpus.xids.add(e.clone(), n);
+            self.probes.gpus.xids.add(e.clone(), n);
             self.metrics
                 .gpu_xid_errors
-                .get_or_create(&xid_label(&e, self.gpus.xids.kept(&e)))
+                .get_or_create(&xid_label(&e, self.probes.gpus.xids.kept(&e)))
                 .inc_by(n);
             for _ in 0..n.min(XID_EVENTS_PER_VERSION) {
                 self.outbox.push(("GPUXidError", e.message()), urgent);
@@ -287,9 +293,15 @@ impl Engine {
         }
         if let Some(note) = news.restart {
             // exec restarts CMD only on the sidecar's word that the cluster changed: a
-            // restart the sidecar never asked for is not counted (see `restart_allowed`).
+            // restart the sidecar never asked for is not counted
+            // ([`crate::peerchange::protocol::Relay::explains_restart`]).
             // Its own stall is exec's to see: a restart of a stalled CMD is explained.
-            if std::mem::take(&mut self.restart_allowed) || stalled || news.stall.is_some() {
+            let own_stall = stalled || news.stall.is_some();
+            let explained = match self.peers_out.as_mut() {
+                Some(o) => o.relay.explains_restart(own_stall),
+                None => own_stall,
+            };
+            if explained {
                 self.log_news(&note);
                 self.metrics.restarts.inc();
                 self.outbox.push(("Restarting", note), urgent);
@@ -358,6 +370,6 @@ fn prev_stalls(pod: &Pod) -> u64 {
         .annotations
         .as_ref()
         .and_then(|a| a.get(keys::PROGRESS))
-        .and_then(|t| serde_json::from_str::<crate::peers::progress::Annotation>(t).ok())
+        .and_then(|t| serde_json::from_str::<crate::stall::peers::Annotation>(t).ok())
         .map_or(0, |a| a.stalls)
 }

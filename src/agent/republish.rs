@@ -8,8 +8,6 @@
 //! reporter, or one that evaluates again before its patch is out, publishes nothing
 //! twice; the generation is only ever raised.
 
-use std::time::SystemTime;
-
 use tracing::{info, warn};
 
 use super::Engine;
@@ -72,9 +70,7 @@ impl Engine {
         .flatten()
         .max()
         .unwrap_or(0);
-        let now_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::time::now_ms();
         let generation = published::next_generation(previous, now_ms);
         let order: Vec<&str> = types.iter().map(String::as_str).collect();
         match published::encode(&wanted.cluster, &order, generation, &wanted.lost) {

@@ -1,0 +1,10 @@
+//! The stall watch, as pure logic: what counts as CMD's progress (a line matching
+//! `--progress-pattern`, a heartbeat), when silence becomes a stall and of whom
+//! ([`progress`]); the shape exec hands over ([`observation`]); and the job's view of
+//! its peers' stalls — what `trainlet.io/progress` says, and which peer's stall a
+//! restart answers ([`peers`]). The agent (`src/agent`) feeds it the clock and
+//! CMD's output; the supervisor (`src/supervise`) acts on what it decides.
+
+pub mod observation;
+pub mod peers;
+pub mod progress;

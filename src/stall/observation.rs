@@ -1,0 +1,34 @@
+//! CMD's progress as exec hands it over: the one shape that exec writes for the sidecar
+//! (`exec.json`), the sidecar publishes (`trainlet.io/progress`), and peers read.
+
+use serde::{Deserialize, Serialize};
+
+/// CMD's progress as exec watches it, for the sidecar to publish
+/// (`trainlet.io/progress`, the `Stalled` Event, the progress metrics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressObservation {
+    /// The last progress, in ms since the epoch; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+    /// The last step a matching line gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<f64>,
+    /// CMD makes no progress now (`--stall-after`).
+    pub stalled: bool,
+    /// CMD has shown no progress since it started: no stall by itself (the ranks that
+    /// never print).
+    #[serde(default)]
+    pub silent: bool,
+    /// Since when CMD is silent, while stalled: its last progress, or its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// Stalls since exec started; each is one `Stalled` Event.
+    pub stalls: u64,
+    /// `--stall-after`, in ms, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_ms: Option<u64>,
+    /// The last stall's note (the Event's text).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
