@@ -12,7 +12,7 @@ use crate::peers::drift as peer_watch;
 use crate::report::probe::oom::{self, OomKill};
 use crate::signal::{self, Signals};
 use crate::supervise::child::Child;
-use crate::supervise::lifecycle::{self, Reporter};
+use crate::supervise::lifecycle::{self, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, Policy};
 use crate::{Code, Failure, flags};
 
@@ -23,25 +23,20 @@ impl Engine {
         if self.cfg.mode != Mode::Exec || self.cfg.restart.on_change == OnPeerChange::Report {
             return None;
         }
-        if let Some(p) = &self.peers_in {
-            return p.stale();
-        }
-        let drift = self.peers.as_ref()?.drift.as_deref()?;
-        crate::cluster::drift::ClusterStatus::of(drift)
-            .stale()
-            .map(String::from)
+        self.cluster_view()?.status()?.stale().map(String::from)
     }
 }
 
-/// The reporter of `exec --report`, set up, with CMD started as its child: ready for
-/// [`lifecycle::run`]. `own_ports` are the ports CMD is about to listen on
+/// The reporter of `exec --report`, set up, and CMD started (after the reporter saw who
+/// listened before it): ready for [`crate::supervise::lifecycle::Supervisor`], which
+/// owns CMD from then on. `own_ports` are the ports CMD is about to listen on
 /// (`render::frameworks::listen_ports`).
 pub async fn exec_reporter(
     mut cfg: Config,
     cmd: std::process::Command,
     program: &str,
     own_ports: Vec<u16>,
-) -> Result<(Engine, Signals), ReportError> {
+) -> Result<(Engine, Signals, Child), ReportError> {
     cfg.ports.extend(own_ports);
     let mut engine = Engine::new(cfg);
     let mut wanted = signal::FORWARD.to_vec();
@@ -63,7 +58,7 @@ pub async fn exec_reporter(
         }
     }
     let watch = engine.progress.watching.as_ref().map(|w| w.watch.clone());
-    engine.life.child = Some(lifecycle::spawn(cmd, program, watch.as_ref())?);
+    let mut child = lifecycle::spawn(cmd, program, watch.as_ref())?;
     // What NVML shows, before anything is handed over: a CMD that ends at once must
     // not leave the sidecar a GPU count of 0 that nothing probed.
     engine.probes.gpus.probe();
@@ -89,9 +84,9 @@ pub async fn exec_reporter(
         p.read();
         p.watch();
     }
-    engine.reap();
+    child.reap();
     engine.probes.gpus.watch_events();
-    Ok((engine, signals))
+    Ok((engine, signals, child))
 }
 
 impl Reporter for Engine {
@@ -99,35 +94,24 @@ impl Reporter for Engine {
         &self.cfg.restart
     }
 
-    fn child(&mut self) -> &mut Option<Child> {
-        &mut self.life.child
+    async fn run(&mut self, cmd: &mut Child, signals: &mut Signals) {
+        self.run_loop(signals, Some(cmd)).await;
     }
 
-    async fn run(&mut self, signals: &mut Signals) {
-        self.run_loop(signals).await;
-    }
-
-    fn stopped(&self) -> bool {
-        self.life.stop
-    }
-
-    fn terminating(&self) -> bool {
-        self.life.terminating
-    }
-
-    fn stale(&self) -> Option<String> {
-        self.act_on_stale()
-    }
-
-    fn stalled(&self) -> Option<String> {
-        self.act_on_stall()
+    fn standing(&self) -> Standing {
+        Standing {
+            stopped: self.life.stop,
+            terminating: self.life.terminating,
+            stale: self.act_on_stale(),
+            stalled: self.act_on_stall(),
+        }
     }
 
     fn output_watch(&self) -> Option<std::sync::Arc<crate::supervise::output::Watch>> {
         self.progress.watching.as_ref().map(|w| w.watch.clone())
     }
 
-    async fn settle(&mut self, signals: &mut Signals, until: Instant) {
+    async fn settle(&mut self, cmd: &mut Child, signals: &mut Signals, until: Instant) {
         while self.act_on_stale().is_none() && Instant::now() < until {
             tokio::select! {
                 Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
@@ -135,7 +119,7 @@ impl Reporter for Engine {
                 // Where inotify is missing, the file is read once more at the end.
                 _ = tokio::time::sleep_until(until.into()) => self.on_peers_file(),
                 sig = signals.recv() => match sig {
-                    Some(signal::SIGCHLD) => self.reap(),
+                    Some(signal::SIGCHLD) => cmd.reap(),
                     Some(s) if signal::STOP.contains(&s) => {
                         self.life.stop = true;
                         return;

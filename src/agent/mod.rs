@@ -18,6 +18,7 @@
 //! questions; the pod watch is an idle connection; nothing is written to the API
 //! server until something changes.
 
+mod cluster_view;
 mod config;
 mod evaluate;
 mod exec;
@@ -67,7 +68,7 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     ready: Readiness,
     once: Once,
-    /// exec: CMD, and the signals that decide its end.
+    /// The signals that end the loop.
     life: Life,
     /// exec handing over: its observations, for the sidecar.
     outgoing: Option<observations::Outgoing>,
@@ -113,10 +114,9 @@ struct Once {
     seeded: bool,
 }
 
-/// exec's CMD, and how the agent's loop ends.
+/// How the agent's loop ends.
 #[derive(Default)]
 struct Life {
-    child: Option<Child>,
     /// A stop signal came while nothing was forwarded to CMD (or the sidecar's).
     stop: bool,
     /// exec: a stop signal was forwarded to CMD: no peer change restarts it.
@@ -325,8 +325,9 @@ impl Engine {
         errors
     }
 
-    /// Runs until a stop signal, `--exit-with-main`, or (exec) CMD's exit.
-    async fn run_loop(&mut self, signals: &mut Signals) {
+    /// Runs until a stop signal, `--exit-with-main`, or (exec) CMD's exit or a peer
+    /// change or stall to act on; `cmd` is exec's CMD, to forward signals to and reap.
+    async fn run_loop(&mut self, signals: &mut Signals, mut cmd: Option<&mut Child>) {
         let mut pods = self.pod_stream();
         let mut next_probe = Instant::now();
         let mut next_fast = Instant::now();
@@ -353,8 +354,9 @@ impl Engine {
             let stall_at = self.stall_check_at();
             let publish_at = self.outbox.next().unwrap_or_else(far);
             tokio::select! {
-                sig = signals.recv() => match (sig, &self.life.child) {
-                    (Some(signal::SIGCHLD), _) => self.reap(),
+                sig = signals.recv() => match (sig, cmd.as_deref_mut()) {
+                    (Some(signal::SIGCHLD), Some(child)) => child.reap(),
+                    (Some(signal::SIGCHLD), None) => {}
                     (Some(s), Some(child)) => {
                         child.forward(s);
                         // The kubelet stops the container: CMD's exit ends exec, and
@@ -430,7 +432,7 @@ impl Engine {
                 }
             }
             if self.life.stop
-                || self.life.child.as_ref().is_some_and(|c| c.exit.is_some())
+                || cmd.as_ref().is_some_and(|c| c.exit.is_some())
                 || self.act_on_stale().is_some()
                 || self.act_on_stall().is_some()
             {
@@ -469,12 +471,6 @@ impl Engine {
     fn start_peer_watch(&mut self) {
         if let (Some(peers), Some(link)) = (self.peers.as_mut(), self.link.as_ref()) {
             peers.start(&link.client, &link.id.namespace);
-        }
-    }
-
-    fn reap(&mut self) {
-        if let Some(child) = &mut self.life.child {
-            child.reap();
         }
     }
 
@@ -531,7 +527,7 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     engine.probes.gpus.watch_events();
     engine.watch_observations();
     engine.start_peer_watch();
-    engine.run_loop(&mut signals).await;
+    engine.run_loop(&mut signals, None).await;
     engine.probes.gpus.stop_events();
     engine.outbox.flush(&engine.metrics, &engine.ready).await;
     Ok(())

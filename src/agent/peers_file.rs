@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use tracing::{info, warn};
 
 use super::Engine;
-use crate::cluster::drift;
+use crate::cluster::drift::{self, ClusterStatus};
 use crate::flags;
 use crate::peerchange::file::{self as peers, MAX_STALLED, PeersState, StalledPeer, VERSION};
 use crate::peerchange::protocol::{ExecWait, Relay, Waiting};
@@ -65,12 +65,9 @@ impl Incoming {
         changed
     }
 
-    /// The stale cluster the sidecar reports, if it does.
-    pub fn stale(&self) -> Option<String> {
-        self.state
-            .as_ref()
-            .filter(|s| !s.is_current())
-            .map(|s| s.cluster.text().to_string())
+    /// Where the cluster stands, as the sidecar last said.
+    pub fn status(&self) -> Option<ClusterStatus> {
+        self.state.as_ref().map(|s| s.cluster.clone())
     }
 
     /// A wait for the moved files, from the state exec sees now.

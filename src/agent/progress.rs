@@ -286,21 +286,13 @@ impl Engine {
             .pod
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
-        match (&self.peers_in, &self.peers) {
-            (Some(p), _) => p.peer_progress(),
-            (None, Some(p)) => p.latest_progress(own),
-            _ => None,
-        }
+        self.cluster_view()?.peer_progress(own)
     }
 
     /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
     /// own peer watch.
     fn peer_stalls(&self) -> Vec<PeerStall> {
-        match (&self.peers_in, &self.peers) {
-            (Some(p), _) => p.stalled(),
-            (None, Some(p)) => p.stalled(),
-            _ => Vec::new(),
-        }
+        self.cluster_view().map(|v| v.stalled()).unwrap_or_default()
     }
 
     /// `trainlet.io/progress` as of now, for the annotations: exec's own progress

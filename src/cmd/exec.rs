@@ -24,7 +24,7 @@ use crate::render::{CLUSTER_FILE, TF_CONFIG_FILE};
 use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
-use crate::supervise::lifecycle;
+use crate::supervise::lifecycle::Supervisor;
 use crate::supervise::respawn::{Respawner, command, read_outputs};
 use crate::{Exit, Failure, bootstrap};
 use tracing::warn;
@@ -107,9 +107,11 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         }
         .into_respawn();
         let ended = super::runtime()?.block_on(async {
-            let (mut reporter, mut signals) =
+            let (mut reporter, mut signals, cmd) =
                 agent::exec_reporter(cfg, cmd, &program, ports).await?;
-            lifecycle::run(&mut reporter, &mut signals, &program, respawn).await
+            Supervisor::new(cmd, &program, respawn)
+                .run(&mut reporter, &mut signals)
+                .await
         })?;
         // A launcher's exit 1: what its root cause says (exec's own reasons, a peer
         // change or a stall, stand as they are).

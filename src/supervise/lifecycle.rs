@@ -1,12 +1,13 @@
 //! `trainlet exec --report`'s life of CMD, as one loop: CMD runs under the reporter
 //! until it exits, a stop signal comes, or a peer change (`--on-peer-change`) asks for
 //! action; then [`decide`] says what to do: end with CMD's status, stop CMD and
-//! exit 7, or stop it, wait the backoff and the cluster, and start it again with the
-//! new environment (`Respawn`, which the command layer makes: it is the init workflow).
+//! exit 7 (8 for a stall), or stop it, wait the backoff and the cluster, and start it
+//! again with the new environment ([`Respawn`]: `respawn.rs`, the init workflow again).
 //!
-//! The reporter that runs beside CMD is behind [`Reporter`], so that this loop is all a
-//! reader needs to follow "a peer is replaced → exec restarts CMD with the new address";
-//! what the reporter observes and publishes is the agent's (`src/agent`).
+//! The [`Supervisor`] owns CMD; the reporter that runs beside it is behind [`Reporter`],
+//! so that this loop is all a reader needs to follow "a peer is replaced → exec restarts
+//! CMD with the new address"; what the reporter observes and publishes is the agent's
+//! (`src/agent`).
 
 use std::time::Instant;
 
@@ -40,31 +41,37 @@ pub type Respawn = Box<
         -> futures::future::LocalBoxFuture<'static, Result<std::process::Command, Failure>>,
 >;
 
-/// What the loop needs of the reporter that runs beside CMD. One thread runs both
-/// (trainlet's runtime is single-threaded), so the futures need not be `Send`.
+/// Where the reporter stands when its loop returns: what [`decide::next`] reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Standing {
+    /// A stop signal came while nothing was forwarded to CMD: exec ends.
+    pub stopped: bool,
+    /// The kubelet's stop signal was forwarded to CMD: no peer change restarts it.
+    pub terminating: bool,
+    /// The stale cluster the policy acts on, while it is stale.
+    pub stale: Option<String>,
+    /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
+    /// that began before CMD last started here.
+    pub stalled: Option<String>,
+}
+
+/// What the supervisor needs of the reporter that runs beside CMD. One thread runs
+/// both (trainlet's runtime is single-threaded), so the futures need not be `Send`.
 #[allow(async_fn_in_trait)]
 pub trait Reporter {
     /// The restart policy (`--on-peer-change` and its flags).
     fn policy(&self) -> &Policy;
-    /// CMD, while it is supervised.
-    fn child(&mut self) -> &mut Option<Child>;
-    /// Reports until CMD exits, a stop signal comes, or [`Reporter::stale`] says so.
-    async fn run(&mut self, signals: &mut Signals);
-    /// A stop signal came while nothing was forwarded to CMD: exec ends.
-    fn stopped(&self) -> bool;
-    /// The kubelet's stop signal was forwarded to CMD: no peer change restarts it.
-    fn terminating(&self) -> bool;
-    /// The stale cluster the policy acts on, while it is stale.
-    fn stale(&self) -> Option<String>;
-    /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
-    /// that began before CMD last started here.
-    fn stalled(&self) -> Option<String>;
+    /// Reports until CMD exits, a stop signal comes, or the cluster or a stall asks for
+    /// action ([`Reporter::standing`]); forwards signals to CMD and reaps it.
+    async fn run(&mut self, cmd: &mut Child, signals: &mut Signals);
+    /// Where the reporter stands now.
+    fn standing(&self) -> Standing;
     /// Where CMD's output goes through to be watched for progress, if it is.
     fn output_watch(&self) -> Option<std::sync::Arc<super::output::Watch>>;
     /// CMD failed while the cluster looked current: waits until `until` for the peer
     /// change that explains it (a broken collective fails before the watch sees the
-    /// pod go), or a stop signal ([`Reporter::stopped`]).
-    async fn settle(&mut self, signals: &mut Signals, until: Instant);
+    /// pod go), or a stop signal.
+    async fn settle(&mut self, cmd: &mut Child, signals: &mut Signals, until: Instant);
     /// Announces restart `n`: its `Restarting` Event (or, handing over, the sidecar's).
     async fn restarting(&mut self, n: u32, note: String);
     /// Waits until the cluster's files are complete again before CMD starts again
@@ -129,53 +136,197 @@ pub fn spawn(
     Ok(child)
 }
 
-/// Runs CMD (already started, in `reporter.child()`) to its end under `reporter`,
-/// restarting it on a peer change as the policy says. Returns how it ended.
-pub async fn run(
-    reporter: &mut impl Reporter,
-    signals: &mut Signals,
-    program: &str,
-    mut respawn: Respawn,
-) -> Result<Ended, Failure> {
-    let mut life = Life::default();
-    loop {
-        if reporter.child().as_ref().is_some_and(|c| c.exit.is_none()) {
-            reporter.run(signals).await;
+/// The supervisor of CMD: it owns the child, and carries out what [`decide`] says
+/// when the reporter's loop hands CMD back.
+pub struct Supervisor {
+    cmd: Child,
+    program: String,
+    respawn: Respawn,
+    life: Life,
+}
+
+impl Supervisor {
+    /// CMD, already started (by `crate::agent`'s setup, once it knows who listened
+    /// before), and how to make it again.
+    pub fn new(cmd: Child, program: &str, respawn: Respawn) -> Supervisor {
+        Supervisor {
+            cmd,
+            program: program.to_string(),
+            respawn,
+            life: Life::default(),
         }
-        let Some(trigger) = trigger(reporter, signals).await else {
-            break;
-        };
-        let policy = reporter.policy().clone();
-        match decide::on(&policy, life.restarts, &trigger) {
-            Decision::Report => break,
-            Decision::Exit { why } => {
-                warn!("{why}");
-                life.stop_requested |= stop(reporter, signals, &policy).await.is_some();
-                life.why = Some(why);
-                life.exit_code = match trigger {
-                    Trigger::PeerChange(_) => Code::PeerChanged,
-                    Trigger::Stall(_) => Code::Stalled,
-                };
-                break;
+    }
+
+    /// Runs CMD to its end under `reporter`, restarting it on a peer change or a stall
+    /// as the policy says. Returns how it ended.
+    pub async fn run(
+        mut self,
+        reporter: &mut impl Reporter,
+        signals: &mut Signals,
+    ) -> Result<Ended, Failure> {
+        loop {
+            if self.cmd.exit.is_none() {
+                reporter.run(&mut self.cmd, signals).await;
             }
-            Decision::Restart { n, of, delay } => {
-                let step = Restart { n, of, delay };
-                let again = restart(
-                    reporter,
-                    signals,
-                    program,
-                    &mut respawn,
-                    step,
-                    &trigger,
-                    &mut life,
-                );
-                if !again.await? {
+            let Some(trigger) = self.trigger(reporter, signals).await else {
+                break;
+            };
+            let policy = reporter.policy().clone();
+            match decide::on(&policy, self.life.restarts, &trigger) {
+                Decision::Report => break,
+                Decision::Exit { why } => {
+                    warn!("{why}");
+                    self.life.stop_requested |= self.stop(signals, &policy).await.is_some();
+                    self.life.why = Some(why);
+                    self.life.exit_code = match trigger {
+                        Trigger::PeerChange(_) => Code::PeerChanged,
+                        Trigger::Stall(_) => Code::Stalled,
+                    };
                     break;
+                }
+                Decision::Restart { n, of, delay } => {
+                    let step = Restart { n, of, delay };
+                    if !self.restart(reporter, signals, step, &trigger).await? {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(self.end(reporter, signals).await)
+    }
+
+    /// After CMD exited or the reporter returned: the peer change or stall the policy
+    /// acts on, or `None` when exec ends with CMD as it is ([`decide::next`]). A
+    /// framework often fails at once when a peer dies (a broken collective), before the
+    /// watch has seen the pod go: the watch gets a moment to explain the failure before
+    /// exec ends with CMD's status.
+    async fn trigger(
+        &mut self,
+        reporter: &mut impl Reporter,
+        signals: &mut Signals,
+    ) -> Option<Trigger> {
+        let mut settled = false;
+        loop {
+            let standing = reporter.standing();
+            let facts = Facts {
+                stopped: standing.stopped,
+                terminating: standing.terminating,
+                exit: self.cmd.exit,
+                stale: standing.stale,
+                stalled: standing.stalled,
+                on_change: reporter.policy().on_change,
+                settled,
+            };
+            match decide::next(&facts) {
+                Next::End => return None,
+                Next::Act(trigger) => return Some(trigger),
+                Next::Settle => {
+                    info!(
+                        "the command failed; waiting up to {:?} for a peer change to explain it",
+                        policy::SETTLE
+                    );
+                    let until = Instant::now() + policy::SETTLE;
+                    reporter.settle(&mut self.cmd, signals, until).await;
+                    settled = true;
                 }
             }
         }
     }
-    Ok(end(reporter, signals, life).await)
+
+    /// Stops CMD, waits the backoff and the cluster's files, and starts CMD again.
+    /// `Ok(true)`: CMD runs again; `Ok(false)`: a stop signal came first, and
+    /// `self.life` says how exec ends.
+    async fn restart(
+        &mut self,
+        reporter: &mut impl Reporter,
+        signals: &mut Signals,
+        step: Restart,
+        trigger: &Trigger,
+    ) -> Result<bool, Failure> {
+        let program = self.program.clone();
+        let (why, after_what) = match trigger {
+            Trigger::PeerChange(stale) => {
+                (format!("the cluster changed ({stale})"), "a peer change")
+            }
+            Trigger::Stall(why) => (why.clone(), "a stall"),
+        };
+        let note = format!(
+            "restarting {program} ({} of {}) in {}: {why}",
+            step.n,
+            step.of,
+            humantime::format_duration(step.delay)
+        );
+        warn!("{note}");
+        reporter.restarting(step.n, note).await;
+        let policy = reporter.policy().clone();
+        if self.stop(signals, &policy).await.is_some() {
+            self.life.stop_requested = true;
+            return Ok(false);
+        }
+        let resume = match trigger {
+            Trigger::PeerChange(_) => Resume::PeerChange {
+                after: reporter.generation(),
+            },
+            Trigger::Stall(_) => Resume::Stall,
+        };
+        let respawn = &mut self.respawn;
+        let next = tokio::select! {
+            next = async {
+                tokio::time::sleep(step.delay).await;
+                if resume != Resume::Stall {
+                    reporter.wait_for_files().await?;
+                }
+                respawn(resume).await
+            } => next.map_err(|f| Failure::new(f.code, format!("restarting after {after_what}: {}", f.message)))?,
+            s = wait_for_stop(signals) => {
+                // CMD is not running: say so, not how the stopped CMD ended.
+                let what = match trigger {
+                    Trigger::PeerChange(stale) => format!("a peer change ({stale})"),
+                    Trigger::Stall(why) => format!("a stall ({why})"),
+                };
+                self.life.why = Some(format!(
+                    "stopped by {} while waiting to restart {program} after {what}",
+                    signal::name(s)
+                ));
+                self.life.stopped = Some(128 + s);
+                return Ok(false);
+            }
+        };
+        let watch = reporter.output_watch();
+        self.cmd = spawn(next, &program, watch.as_ref())?;
+        reporter.started_again();
+        self.life.restarts = step.n;
+        Ok(true)
+    }
+
+    /// Stops what is left of CMD's tree when exec was asked to stop, and makes the last
+    /// report with exec's status.
+    async fn end(mut self, reporter: &mut impl Reporter, signals: &mut Signals) -> Ended {
+        let standing = reporter.standing();
+        if self.life.stop_requested || standing.stopped || standing.terminating {
+            // The kubelet stops the container: nothing of CMD's tree outlives exec.
+            let grace = reporter.policy().grace;
+            stop_tree(&mut self.cmd, signals, grace).await;
+        }
+        self.cmd.drain();
+        let life = self.life;
+        let code = match (&life.why, life.stopped) {
+            (_, Some(code)) => code,
+            (Some(_), None) => life.exit_code as i32,
+            (None, None) => self.cmd.exit.unwrap_or(Code::Internal as i32),
+        };
+        let oom = reporter.finish(code).await;
+        Ended {
+            code,
+            oom,
+            why: life.why,
+        }
+    }
+
+    /// Stops CMD's tree for a restart or an exit; the stop signal that came meanwhile.
+    async fn stop(&mut self, signals: &mut Signals, policy: &Policy) -> Option<i32> {
+        stop_tree(&mut self.cmd, signals, policy.grace).await
+    }
 }
 
 /// What the loop carries from one restart to the next, and into the end.
@@ -202,142 +353,11 @@ impl Default for Life {
     }
 }
 
-/// After CMD exited or the reporter returned: the peer change or stall the policy acts
-/// on, or `None` when exec ends with CMD as it is ([`decide::next`]). A framework
-/// often fails at once when a peer dies (a broken collective), before the watch has
-/// seen the pod go: the watch gets a moment to explain the failure before exec ends
-/// with CMD's status.
-async fn trigger(reporter: &mut impl Reporter, signals: &mut Signals) -> Option<Trigger> {
-    let mut settled = false;
-    loop {
-        let facts = Facts {
-            stopped: reporter.stopped(),
-            terminating: reporter.terminating(),
-            exit: reporter.child().as_ref().and_then(|c| c.exit),
-            stale: reporter.stale(),
-            stalled: reporter.stalled(),
-            on_change: reporter.policy().on_change,
-            settled,
-        };
-        match decide::next(&facts) {
-            Next::End => return None,
-            Next::Act(trigger) => return Some(trigger),
-            Next::Settle => {
-                info!(
-                    "the command failed; waiting up to {:?} for a peer change to explain it",
-                    policy::SETTLE
-                );
-                reporter
-                    .settle(signals, Instant::now() + policy::SETTLE)
-                    .await;
-                settled = true;
-            }
-        }
-    }
-}
-
 /// Restart `n` of `of`, after `delay`.
 struct Restart {
     n: u32,
     of: u32,
     delay: std::time::Duration,
-}
-
-/// Stops CMD, waits the backoff and the cluster's files, and starts CMD again.
-/// `Ok(true)`: CMD runs again; `Ok(false)`: a stop signal came first, and `life` says
-/// how exec ends.
-async fn restart(
-    reporter: &mut impl Reporter,
-    signals: &mut Signals,
-    program: &str,
-    respawn: &mut Respawn,
-    step: Restart,
-    trigger: &Trigger,
-    life: &mut Life,
-) -> Result<bool, Failure> {
-    let (why, after_what) = match trigger {
-        Trigger::PeerChange(stale) => (format!("the cluster changed ({stale})"), "a peer change"),
-        Trigger::Stall(why) => (why.clone(), "a stall"),
-    };
-    let note = format!(
-        "restarting {program} ({} of {}) in {}: {why}",
-        step.n,
-        step.of,
-        humantime::format_duration(step.delay)
-    );
-    warn!("{note}");
-    reporter.restarting(step.n, note).await;
-    let policy = reporter.policy().clone();
-    if stop(reporter, signals, &policy).await.is_some() {
-        life.stop_requested = true;
-        return Ok(false);
-    }
-    let resume = match trigger {
-        Trigger::PeerChange(_) => Resume::PeerChange {
-            after: reporter.generation(),
-        },
-        Trigger::Stall(_) => Resume::Stall,
-    };
-    let next = tokio::select! {
-        next = async {
-            tokio::time::sleep(step.delay).await;
-            if resume != Resume::Stall {
-                reporter.wait_for_files().await?;
-            }
-            respawn(resume).await
-        } => next.map_err(|f| Failure::new(f.code, format!("restarting after {after_what}: {}", f.message)))?,
-        s = wait_for_stop(signals) => {
-            // CMD is not running: say so, not how the stopped CMD ended.
-            let what = match trigger {
-                Trigger::PeerChange(stale) => format!("a peer change ({stale})"),
-                Trigger::Stall(why) => format!("a stall ({why})"),
-            };
-            life.why = Some(format!(
-                "stopped by {} while waiting to restart {program} after {what}",
-                signal::name(s)
-            ));
-            life.stopped = Some(128 + s);
-            return Ok(false);
-        }
-    };
-    let watch = reporter.output_watch();
-    *reporter.child() = Some(spawn(next, program, watch.as_ref())?);
-    reporter.started_again();
-    life.restarts = step.n;
-    Ok(true)
-}
-
-/// Stops what is left of CMD's tree when exec was asked to stop, and makes the last
-/// report with exec's status.
-async fn end(reporter: &mut impl Reporter, signals: &mut Signals, life: Life) -> Ended {
-    if life.stop_requested || reporter.stopped() || reporter.terminating() {
-        // The kubelet stops the container: nothing of CMD's tree outlives exec.
-        let grace = reporter.policy().grace;
-        if let Some(child) = reporter.child().as_mut() {
-            stop_tree(child, signals, grace).await;
-        }
-    }
-    if let Some(child) = reporter.child().as_mut() {
-        child.drain();
-    }
-    let exit = reporter.child().as_ref().and_then(|c| c.exit);
-    let code = match (&life.why, life.stopped) {
-        (_, Some(code)) => code,
-        (Some(_), None) => life.exit_code as i32,
-        (None, None) => exit.unwrap_or(Code::Internal as i32),
-    };
-    let oom = reporter.finish(code).await;
-    Ended {
-        code,
-        oom,
-        why: life.why,
-    }
-}
-
-/// Stops CMD's tree for a restart or an exit; the stop signal that came meanwhile.
-async fn stop(reporter: &mut impl Reporter, signals: &mut Signals, policy: &Policy) -> Option<i32> {
-    let child = reporter.child().as_mut()?;
-    stop_tree(child, signals, policy.grace).await
 }
 
 #[cfg(test)]
