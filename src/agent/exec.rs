@@ -95,7 +95,18 @@ impl Reporter for Engine {
     }
 
     async fn run(&mut self, cmd: &mut Child, signals: &mut Signals) {
-        self.run_loop(signals, Some(cmd)).await;
+        let mut wake = self.wake();
+        loop {
+            let input = self.next_input(&mut wake, signals).await;
+            self.on_input(input, &mut wake, Some(&mut *cmd)).await;
+            if self.life.stop
+                || cmd.exit.is_some()
+                || self.act_on_stale().is_some()
+                || self.act_on_stall().is_some()
+            {
+                break;
+            }
+        }
     }
 
     fn standing(&self) -> Standing {

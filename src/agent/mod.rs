@@ -23,12 +23,14 @@ mod config;
 mod evaluate;
 mod exec;
 mod gpu;
+mod input;
 mod link;
 mod observations;
 mod peers_file;
 mod progress;
 mod republish;
 mod role;
+mod sidecar;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Container;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::metrics::{self, ContainerLabel, Metrics, MetricsError, Readiness};
 use crate::peers::drift as peer_watch;
@@ -44,16 +46,15 @@ use crate::publish::{ContainerUrgency, TokenBucket};
 use crate::report::outbox::Outbox;
 use crate::report::pod::{self, PodView};
 use crate::report::probe::oom::OomKill;
-use crate::report::probe::oom::watch::{self as oom_watch, OomWatch};
+use crate::report::probe::oom::watch::OomWatch;
 use crate::report::probe::ports::listeners::{self, Listeners};
 use crate::report::state::State;
-use crate::signal::{self, Signals};
-use crate::supervise::child::Child;
 use crate::supervise::policy::{OnPeerChange, OnStall};
 pub use config::{Config, Mode, ReportError};
 pub use exec::exec_reporter;
-use link::{Link, next_pod};
+use link::Link;
 pub use role::{Exec, Role};
+pub use sidecar::sidecar;
 
 pub struct Engine {
     cfg: Config,
@@ -137,7 +138,7 @@ struct News {
 /// to be; the sidecar publishes exec's).
 struct ProgressParts {
     /// exec: CMD's progress and stalls (`--stall-after`, `--progress-pattern`).
-    watching: Option<progress::Watching>,
+    watching: Option<crate::stall::watching::Watching>,
     published: Option<crate::stall::peers::Annotation>,
 }
 
@@ -180,7 +181,7 @@ impl Engine {
             _ => None,
         };
         let watching = match (role, &cfg.progress) {
-            (Role::Exec(_), Some(p)) => Some(progress::Watching::new(
+            (Role::Exec(_), Some(p)) => Some(crate::stall::watching::Watching::new(
                 p,
                 cfg.cluster_file.as_deref(),
                 started,
@@ -325,122 +326,6 @@ impl Engine {
         errors
     }
 
-    /// Runs until a stop signal, `--exit-with-main`, or (exec) CMD's exit or a peer
-    /// change or stall to act on; `cmd` is exec's CMD, to forward signals to and reap.
-    async fn run_loop(&mut self, signals: &mut Signals, mut cmd: Option<&mut Child>) {
-        let mut pods = self.pod_stream();
-        let mut next_probe = Instant::now();
-        let mut next_fast = Instant::now();
-        let mut next_growth = Instant::now();
-        let far = || Instant::now() + Duration::from_secs(86400);
-        loop {
-            let recheck = self
-                .probes
-                .oom
-                .recheck_until
-                .is_some_and(|t| t > Instant::now());
-            // With an OOM notifier (v1 eventfd, v2 inotify) exec mode needs no fast
-            // tick: the probe refreshes CMD's tree every --interval and a notification
-            // refreshes it at once, while the victim is still in /proc. A 1 s tree
-            // refresh here cost 0.1-0.2 % of a core at rest.
-            let fast_period = (self.probes.oom.any_polled() || recheck).then(|| {
-                if self.probes.oom.recheck_until.is_some() {
-                    oom_watch::RECHECK
-                } else {
-                    oom_watch::POLL
-                }
-            });
-            let growth = self.probes.oom.watches_growth();
-            let stall_at = self.stall_check_at();
-            let publish_at = self.outbox.next().unwrap_or_else(far);
-            tokio::select! {
-                sig = signals.recv() => match (sig, cmd.as_deref_mut()) {
-                    (Some(signal::SIGCHLD), Some(child)) => child.reap(),
-                    (Some(signal::SIGCHLD), None) => {}
-                    (Some(s), Some(child)) => {
-                        child.forward(s);
-                        // The kubelet stops the container: CMD's exit ends exec, and
-                        // no peer change restarts it.
-                        self.life.terminating |= signal::STOP.contains(&s);
-                    }
-                    (Some(s), None) => {
-                        info!("{}: stopping", signal::name(s));
-                        self.life.stop = true;
-                    }
-                    (None, _) => self.life.stop = true,
-                },
-                ev = next_pod(&mut pods) => match ev {
-                    Some(Ok(pod)) => { self.on_pod(pod); self.refresh(); }
-                    Some(Err(e)) => {
-                        self.metrics.api_errors.inc();
-                        warn!("watching the own pod: {e}; the watch retries with backoff");
-                    }
-                    None => pods = None,
-                },
-                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
-                Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
-                Some(()) = observations::next_version(&mut self.inbox) => {
-                    if self.read_observations() {
-                        self.refresh();
-                    }
-                }
-                Some(ev) = self.probes.gpus.next_event() => {
-                    self.on_gpu_event(ev);
-                    self.refresh();
-                }
-                Some(_idx) = self.probes.oom.notified() => {
-                    self.check_oom(true).await;
-                    self.refresh();
-                }
-                _ = tokio::time::sleep_until(next_probe.into()) => {
-                    self.probe();
-                    if self.probes.oom.is_watching() && fast_period.is_none() {
-                        // A safety net under the notifiers.
-                        self.check_oom(false).await;
-                    }
-                    self.refresh();
-                    next_probe = Instant::now() + self.cfg.interval;
-                }
-                _ = tokio::time::sleep_until(stall_at.unwrap_or_else(far).into()), if stall_at.is_some() => {
-                    // The moment a stall would begin: CMD's CPU over it for the note.
-                    self.probes.oom.refresh_tree();
-                    self.check_progress(false);
-                    self.refresh();
-                }
-                _ = tokio::time::sleep_until(next_fast.into()), if fast_period.is_some() => {
-                    if self.probes.oom.recheck_until.is_some_and(|t| t <= Instant::now()) {
-                        self.probes.oom.recheck_until = None;
-                    }
-                    let before = self.probes.oom.ledger.total;
-                    self.check_oom(false).await;
-                    if self.cfg.mode == Mode::Exec
-                        && self.probes.oom.tree_at.is_none_or(|t| t.elapsed() >= oom_watch::TREE_REFRESH)
-                    {
-                        self.probes.oom.refresh_tree();
-                    }
-                    if self.probes.oom.ledger.total != before {
-                        self.refresh();
-                    }
-                    next_fast = Instant::now() + fast_period.unwrap_or(oom_watch::POLL);
-                }
-                _ = tokio::time::sleep_until(next_growth.into()), if growth => {
-                    self.probes.oom.on_growth_tick();
-                    next_growth = Instant::now() + oom_watch::GROWTH_POLL;
-                }
-                _ = tokio::time::sleep_until(publish_at.into()), if self.outbox.next().is_some() => {
-                    self.outbox.send(&self.metrics, &self.ready).await;
-                }
-            }
-            if self.life.stop
-                || cmd.as_ref().is_some_and(|c| c.exit.is_some())
-                || self.act_on_stale().is_some()
-                || self.act_on_stall().is_some()
-            {
-                break;
-            }
-        }
-    }
-
     /// After anything changed, in this order: the sidecar tells exec where the cluster
     /// stands (and, when exec waits for the replacements, first moves the cluster files
     /// to them); the report is computed from the observations, which touches no file;
@@ -498,37 +383,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// `trainlet sidecar`.
-pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
-    let mut engine = Engine::new(cfg);
-    let mut signals = Signals::new(&signal::STOP).map_err(ReportError::Signals)?;
-    if engine.peers_out.is_some()
-        && let Some(dir) = engine.cfg.cluster_file.as_deref().and_then(Path::parent)
-    {
-        // A sidecar killed while it moved the files left a temporary file behind.
-        for f in crate::render::remove_leftovers(dir) {
-            info!("removed {}, left by an earlier run", f.display());
-        }
-    }
-    engine.start_metrics(true)?;
-    engine.connect().await?;
-    if let Some(root) = &engine.cfg.cgroup_root {
-        engine
-            .probes
-            .oom
-            .resolve_container_cgroups(root, &engine.view);
-    }
-    // What NVML shows, before the first report: a pod event or the event thread's
-    // registration can bring an evaluation before the loop's first probe, and the pod
-    // must not be told a count that nothing probed.
-    engine.probes.gpus.probe();
-    engine.probes.gpus.watch_events();
-    engine.watch_observations();
-    engine.start_peer_watch();
-    engine.run_loop(&mut signals, None).await;
-    engine.probes.gpus.stop_events();
-    engine.outbox.flush(&engine.metrics, &engine.ready).await;
-    Ok(())
 }

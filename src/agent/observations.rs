@@ -144,7 +144,11 @@ impl Engine {
                 .collect(),
             errors: self.probe_errors(),
             restart: out.restart.clone(),
-            progress: self.progress.watching.as_ref().map(|w| w.observation()),
+            progress: self
+                .progress
+                .watching
+                .as_ref()
+                .map(super::progress::observation),
         })
     }
 

@@ -7,9 +7,6 @@
 //! publishes what exec handed over. Either publishes `trainlet.io/progress` and the
 //! progress metrics.
 
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
@@ -17,105 +14,10 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
-use crate::stall::peers::{PeerStall, annotation, to_act_on};
-use crate::stall::progress::{
-    Heartbeat, JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig,
-    stalled_note,
-};
-use crate::supervise::output::Watch;
+use crate::stall::peers::{PeerStall, annotation};
+use crate::stall::progress::Progress;
+use crate::stall::watching::{News, Watching};
 use crate::supervise::policy::OnStall;
-use crate::time::to_ms as epoch_ms;
-
-/// exec's progress watch.
-pub(super) struct Watching {
-    pub watch: Arc<Watch>,
-    pub stall: Option<StallWatch>,
-    heartbeat: Option<PathBuf>,
-    /// The heartbeat file's mtime as last seen: a change is progress.
-    beat: Heartbeat,
-    /// CMD's CPU time (clock ticks) over time, for the window of a stall.
-    cpu: VecDeque<(SystemTime, u64)>,
-    /// The last `Stalled` Event's note.
-    pub note: String,
-    /// Since when CMD made no progress, in its last stall: still published after the
-    /// stall ends, so that a peer whose watch missed the short time a restarted stall
-    /// is published as one still restarts once for it.
-    last_stall: Option<SystemTime>,
-    /// When CMD last started: a peer's stall that ended and began before it is old
-    /// news.
-    pub started: SystemTime,
-    /// The peers' stalls known when CMD last restarted: the restart answered them.
-    acted: Vec<PeerStall>,
-    /// This pod tells when the job as a whole makes no progress
-    /// ([`crate::stall::progress::judge`]).
-    speaks_for_job: bool,
-}
-
-impl Watching {
-    pub fn new(cfg: &WatchConfig, cluster_file: Option<&Path>, now: SystemTime) -> Watching {
-        Watching {
-            speaks_for_job: speaks_for_job(cluster_file),
-            watch: Watch::new(cfg.pattern.clone()),
-            stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
-            heartbeat: cfg.heartbeat.clone(),
-            beat: Heartbeat::new(cfg.heartbeat.as_deref().and_then(mtime)),
-            cpu: VecDeque::new(),
-            note: String::new(),
-            last_stall: None,
-            started: now,
-            acted: Vec::new(),
-        }
-    }
-
-    /// What exec hands the sidecar, and publishes itself with credentials.
-    pub fn observation(&self) -> ProgressObservation {
-        let p = self.watch.progress();
-        let stalled = self.stall.as_ref().is_some_and(StallWatch::stalled);
-        ProgressObservation {
-            at_ms: p.at.map(epoch_ms),
-            step: p.step,
-            stalled,
-            silent: self.stall.as_ref().is_some_and(StallWatch::silent),
-            since_ms: match self.stall.as_ref() {
-                Some(s) if s.stalled() => Some(epoch_ms(s.anchor(&p))),
-                _ => self.last_stall.map(epoch_ms),
-            },
-            stalls: self.stall.as_ref().map_or(0, |s| s.stalls),
-            after_ms: self.stall.as_ref().map(|s| s.after.as_millis() as u64),
-            note: crate::publish::truncate(&self.note, MAX_TEXT),
-        }
-    }
-}
-
-/// The heartbeat file's mtime, if it can be read.
-fn mtime(path: &std::path::Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// Whether this pod speaks for the job's silence: it runs rank 0 of the resolved
-/// cluster, or there is no cluster of several pods it knows of (exec alone).
-fn speaks_for_job(cluster_file: Option<&Path>) -> bool {
-    match cluster_file.map(crate::render::read_cluster_file) {
-        Some(Ok(c)) => c.rank == Some(0) || (c.ranks.len() <= 1 && c.peers.len() <= 1),
-        _ => true,
-    }
-}
-
-/// CPU use of CMD's tree over the window, in percent of a core, from the samples.
-fn cpu_percent(samples: &VecDeque<(SystemTime, u64)>, from: SystemTime) -> Option<f64> {
-    let (t1, c1) = *samples.back()?;
-    let (t0, c0) = *samples
-        .iter()
-        .rev()
-        .find(|(t, _)| *t <= from)
-        .or(samples.front())?;
-    let secs = t1.duration_since(t0).ok()?.as_secs_f64();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    (secs > 0.0).then(|| c1.saturating_sub(c0) as f64 / hz / secs * 100.0)
-}
 
 impl Engine {
     /// exec, every `--interval`: the heartbeat, a CPU sample, and the stall check.
@@ -123,70 +25,29 @@ impl Engine {
     pub(super) fn check_progress(&mut self, ended: bool) {
         let now = SystemTime::now();
         let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
-        let Some(w) = self.progress.watching.as_mut() else {
+        let Some(mut w) = self.progress.watching.take() else {
             return;
         };
-        if w.beat.changed(w.heartbeat.as_deref().and_then(mtime)) {
-            w.watch.heartbeat(now);
-        }
-        w.cpu.push_back((now, ticks));
-        let keep = w.stall.as_ref().map_or(Duration::ZERO, |s| s.after) + self.cfg.interval * 2;
-        while w.cpu.len() > 2
-            && w.cpu
-                .front()
-                .is_some_and(|(t, _)| now.duration_since(*t).unwrap_or_default() > keep)
-        {
-            w.cpu.pop_front();
-        }
-        let progress = w.watch.progress();
-        let speaks_for_job = w.speaks_for_job;
-        let Some(stall) = w.stall.as_ref() else {
-            self.set_progress_metrics(&progress, None);
-            return;
+        let progress = w.sample(now, ticks, self.cfg.interval);
+        let news = if w.judges(ended) {
+            let peers = self.peer_progress();
+            w.check(&progress, peers, now, || self.probes.gpus.utilization())
+        } else {
+            None
         };
-        if ended && !stall.stalled() {
-            let silent = stall.silent();
-            self.set_progress_metrics(&progress, Some((false, silent)));
-            return;
-        }
-        let job = JobView {
-            speaks_for_job,
-            peer_progress: self.peer_progress(),
-        };
-        let w = self.progress.watching.as_mut().expect("checked above");
-        let stall = w.stall.as_mut().expect("checked above");
-        match stall.check(&progress, job, now) {
-            Some(Transition::Stalled { n, kind }) => {
-                let anchor = stall.anchor(&progress);
-                let silent = now.duration_since(anchor).unwrap_or_default();
-                let cpu = cpu_percent(&w.cpu, anchor);
-                let gpus = self.probes.gpus.utilization();
-                let w = self.progress.watching.as_mut().expect("checked above");
-                w.last_stall = Some(anchor);
-                w.note = match kind {
-                    StallKind::Own => stalled_note(silent, &progress, cpu, &gpus),
-                    // Nothing of this run to quote: an earlier run's line would mislead.
-                    StallKind::Job => format!(
-                        "{}; no pod of the job made progress either",
-                        stalled_note(silent, &Progress::default(), cpu, &gpus)
-                    ),
-                };
-                warn!(stall = n, "{}", w.note);
-                let note = w.note.clone();
+        let standing = w.standing();
+        self.progress.watching = Some(w);
+        match news {
+            Some(News::Stalled { n, note }) => {
+                warn!(stall = n, "{note}");
                 self.metrics.progress.stalls.inc();
                 if self.outgoing.is_none() {
                     self.outbox.push(("Stalled", note), true);
                 }
             }
-            Some(Transition::Resumed) => info!("{} makes progress again", self.container_name()),
+            Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
             None => {}
         }
-        let standing = self
-            .progress
-            .watching
-            .as_ref()
-            .and_then(|w| w.stall.as_ref())
-            .map(|s| (s.stalled(), s.silent()));
         self.set_progress_metrics(&progress, standing);
     }
 
@@ -197,8 +58,7 @@ impl Engine {
         if self.cfg.mode != Mode::Exec {
             return None;
         }
-        let w = self.progress.watching.as_ref()?;
-        let due = w.stall.as_ref()?.due(&w.watch.progress())?;
+        let due = self.progress.watching.as_ref()?.due()?;
         let left = due.duration_since(SystemTime::now()).ok()?;
         // A millisecond past it, so that the check's own clock reads it as passed.
         Some(std::time::Instant::now() + left + Duration::from_millis(1))
@@ -248,34 +108,13 @@ impl Engine {
             return None;
         }
         let w = self.progress.watching.as_ref()?;
-        if let Some(s) = w.stall.as_ref() {
-            let after = humantime::format_duration(s.after);
-            match s.standing {
-                Standing::Stalled(StallKind::Own) => {
-                    return Some(format!(
-                        "{} made no progress for {after}",
-                        self.container_name()
-                    ));
-                }
-                Standing::Stalled(StallKind::Job) => {
-                    return Some(format!("no pod of the job made progress for {after}"));
-                }
-                _ => {}
-            }
-        }
         let peers = self.peer_stalls();
         let own = self
             .view
             .pod
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
-        to_act_on(&peers, own, w.started, &w.acted).map(|s| {
-            format!(
-                "pod {} made no progress since {}",
-                s.pod,
-                crate::time::rfc3339_seconds(s.since)
-            )
-        })
+        w.to_act_on(&self.container_name(), &peers, own)
     }
 
     /// The latest progress another pod of the job published, where exec sees its
@@ -300,7 +139,7 @@ impl Engine {
     /// serves too.
     pub(super) fn progress_annotation(&mut self) -> Option<String> {
         let o = match (&self.progress.watching, &self.inbox) {
-            (Some(w), _) if self.outgoing.is_none() => w.observation(),
+            (Some(w), _) if self.outgoing.is_none() => observation(w),
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
@@ -333,35 +172,16 @@ impl Engine {
     /// CMD started again: its silence counts from now, and the peers' stalls known now
     /// were answered by this restart. Called before the peer watch is made anew.
     pub(super) fn progress_restarted(&mut self) {
-        let now = SystemTime::now();
         let known = self.peer_stalls();
         if let Some(w) = self.progress.watching.as_mut() {
-            w.started = now;
-            w.acted = known;
-            // A touch by the CMD that was stopped is no progress of this run.
-            w.beat = Heartbeat::new(w.heartbeat.as_deref().and_then(mtime));
-            if let Some(s) = w.stall.as_mut() {
-                s.restart(now);
-            }
+            w.restarted(SystemTime::now(), known);
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_use_over_the_window() {
-        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
-        let samples: VecDeque<(SystemTime, u64)> = [(t(0), 0), (t(5), 500), (t(10), 1000)]
-            .into_iter()
-            .collect();
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .unwrap()
-            .unwrap() as f64;
-        let got = cpu_percent(&samples, t(5)).unwrap();
-        assert!((got - 500.0 / hz / 5.0 * 100.0).abs() < 1e-9, "{got}");
-        assert_eq!(cpu_percent(&VecDeque::new(), t(0)), None);
-    }
+/// exec's progress as it hands it over, its note bounded.
+pub(super) fn observation(w: &Watching) -> ProgressObservation {
+    let mut o = w.observation();
+    o.note = crate::publish::truncate(&o.note, MAX_TEXT);
+    o
 }

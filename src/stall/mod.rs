@@ -8,3 +8,5 @@
 pub mod observation;
 pub mod peers;
 pub mod progress;
+pub mod watch;
+pub mod watching;

@@ -146,7 +146,7 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// CMD, already started (by `crate::agent`'s setup, once it knows who listened
+    /// CMD, already started (by the agent's setup, once it knows who listened
     /// before), and how to make it again.
     pub fn new(cmd: Child, program: &str, respawn: Respawn) -> Supervisor {
         Supervisor {

@@ -2,7 +2,7 @@
 //! through exec, which then watches them for progress: one thread per stream reads
 //! the pipe and writes each chunk at once, unchanged, to exec's own stream with a plain `write(2)` — no buffering added,
 //! binary-safe, each stream's order kept, `kubectl logs` as without exec — and only
-//! then looks at it for lines ([`super::progress`]). Memory is the read buffer and one
+//! then looks at it for lines (`crate::stall`). Memory is the read buffer and one
 //! bounded line per stream, whatever CMD writes.
 //!
 //! Where exec's own stream is a pipe, as a container's is (the runtime's log FIFO),
@@ -16,13 +16,14 @@
 
 use std::io::{ErrorKind, Read};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{debug, warn};
 
-use crate::stall::progress::{LineScanner, Pattern, Progress};
+use crate::stall::progress::LineScanner;
+pub use crate::stall::watch::Watch;
 
 /// How much is read from a pipe at once: a whole widened pipe ([`PIPE_SIZE`]).
 const CHUNK: usize = 128 * 1024;
@@ -40,34 +41,6 @@ const PIPE_SIZE: i32 = 1 << 20;
 fn widen(fd: impl AsFd) {
     if let Err(e) = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE)) {
         debug!("pipe buffer left as it is: {e}");
-    }
-}
-
-/// What the copy threads share with the reporter.
-#[derive(Debug, Default)]
-pub struct Watch {
-    pub pattern: Pattern,
-    pub progress: Mutex<Progress>,
-}
-
-impl Watch {
-    pub fn new(pattern: Pattern) -> Arc<Watch> {
-        Arc::new(Watch {
-            pattern,
-            progress: Mutex::new(Progress::default()),
-        })
-    }
-
-    /// The last progress, as of now.
-    pub fn progress(&self) -> Progress {
-        self.progress.lock().map(|p| p.clone()).unwrap_or_default()
-    }
-
-    /// The heartbeat file changed, as exec saw at `now`.
-    pub fn heartbeat(&self, now: SystemTime) {
-        if let Ok(mut p) = self.progress.lock() {
-            p.on_heartbeat(now);
-        }
     }
 }
 
