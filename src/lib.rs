@@ -11,15 +11,20 @@
 //! Dependencies run one way: `main` → [`cli`] (clap, lowering flags into configs,
 //! explaining errors) → [`cmd`] (one thin edge per subcommand) → the domain. The domain
 //! modules never import `cli` or `cmd`:
+//! - the long-running agents: [`agent`] (`exec --report` and `sidecar`: the role, the
+//!   loop), over [`supervise`] (CMD's life and its decisions), [`stall`] (the stall
+//!   watch), [`peerchange`] (exec ↔ sidecar about the cluster), [`report`] (probes,
+//!   the report, the outbox) and [`handover`] (exec's observations for the sidecar);
 //! - workflows: [`bootstrap`] (init), [`peers`] (list and watch the peer pods),
-//!   [`supervise`] (exec's life of CMD), [`report`] (probes, the reporter engine),
-//!   [`handover`] (the files between exec and the sidecar), [`inject`], [`status`];
-//! - pure logic: [`cluster`] (selectors, readiness, order, addresses), [`render`]
-//!   (every file init writes), and the pure halves of `report` (`state`, parsers);
+//!   [`inject`], [`status`];
+//! - pure logic: [`cluster`] (selectors, readiness, order, addresses, where each task
+//!   stands), [`render`] (every file init writes), and the pure halves of `report`,
+//!   `stall`, `supervise` and `peerchange`;
 //! - edges to the outside: [`kube`] (client, identity), [`publish`] (annotations,
 //!   Events), [`metrics`] (`/metrics`), [`signal`], [`logging`]; [`exit`] is the
 //!   contract of exit codes that every layer shares, [`flags`] the spelling of every
-//!   flag. docs/architecture.md has the map.
+//!   flag, [`reason`] of every Event reason, [`time`] of every wall-clock time.
+//!   docs/architecture.md has the map.
 #![deny(unsafe_code)]
 
 /// The two long-running processes, `trainlet exec --report` and `trainlet sidecar`:
@@ -56,6 +61,8 @@ pub mod peerchange;
 pub mod peers;
 /// Annotations (merge patch, only on change) and Events on the own pod.
 pub mod publish;
+/// The reason of every Event trainlet sends, spelled once.
+pub mod reason;
 /// The files trainlet writes for the training container: TF_CONFIG, every framework's
 /// format, cluster.json (pure rendering), their atomic writer, and moving them to a
 /// replaced peer's address.

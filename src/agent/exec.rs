@@ -1,16 +1,22 @@
-//! The reporter beside CMD in `trainlet exec --report`: set up before CMD starts (who
-//! already listens, the own cgroup's OOM baseline), then run for
-//! [`crate::supervise::lifecycle`], which decides what happens to CMD, through its
-//! [`Reporter`] trait.
+//! `trainlet exec --report`: the agent beside CMD. Set up before CMD starts (who
+//! already listens, the own cgroup's OOM baseline), then run for the supervisor
+//! ([`crate::supervise::lifecycle`]) through its [`Reporter`] trait: exec's loop, which
+//! hands CMD back when its view of the cluster ([`ClusterView`]) is stale or a stall is
+//! to be acted on; the restart announced, the wait for the moved files, the new
+//! cluster followed.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn};
 
+use super::peers_file::Incoming;
 use super::{Config, Engine, Mode, ReportError, peers_file};
-use crate::peers::drift as peer_watch;
+use crate::cluster::drift::ClusterStatus;
+use crate::peers::drift::{self as peer_watch, PeerWatch};
+use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
 use crate::signal::{self, Signals};
+use crate::stall::peers::PeerStall;
 use crate::supervise::child::Child;
 use crate::supervise::lifecycle::{self, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, Policy};
@@ -142,7 +148,7 @@ impl Reporter for Engine {
     }
 
     async fn restarting(&mut self, n: u32, note: String) {
-        self.metrics.restarts.inc();
+        self.announce(Reason::Restarting, note.clone(), true);
         if let Some(out) = self.outgoing.as_mut() {
             // The sidecar announces it.
             out.restart = Some(crate::handover::observation::RestartObservation {
@@ -152,7 +158,6 @@ impl Reporter for Engine {
             });
             self.hand_over(None);
         } else {
-            self.outbox.push(("Restarting", note), true);
             self.outbox.flush(&self.metrics, &self.ready).await;
         }
     }
@@ -243,5 +248,56 @@ impl Reporter for Engine {
         self.outbox.flush(&self.metrics, &self.ready).await;
         self.hand_over(Some(code));
         self.probes.oom.ledger.kills.last().map(OomKill::message)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Where this process learns how the cluster stands, whichever way its role has: its
+// own peer watch (exec with credentials) or the sidecar's `peers.json` (exec handing
+// over). Everything exec acts on — a peer change, a peer's stall, the job's progress —
+// reads it through one `ClusterView`.
+
+/// The view this process has.
+pub(super) enum ClusterView<'a> {
+    Watch(&'a PeerWatch),
+    File(&'a Incoming),
+}
+
+impl ClusterView<'_> {
+    /// Where the tasks stand, once known (the watch's first list, the sidecar's first
+    /// word).
+    pub fn status(&self) -> Option<ClusterStatus> {
+        match self {
+            ClusterView::Watch(w) => w.drift.as_deref().map(ClusterStatus::of),
+            ClusterView::File(f) => f.status(),
+        }
+    }
+
+    /// The peers that published a stall.
+    pub fn stalled(&self) -> Vec<PeerStall> {
+        match self {
+            ClusterView::Watch(w) => w.stalled(),
+            ClusterView::File(f) => f.stalled(),
+        }
+    }
+
+    /// The latest progress another pod of the job published (`own` is this pod).
+    pub fn peer_progress(&self, own: Option<&str>) -> Option<SystemTime> {
+        match self {
+            ClusterView::Watch(w) => w.latest_progress(own),
+            ClusterView::File(f) => f.peer_progress(),
+        }
+    }
+}
+
+impl Engine {
+    /// The cluster as this process sees it: `peers.json` handing over, else the own
+    /// peer watch; `None` without a resolved cluster.
+    pub(super) fn cluster_view(&self) -> Option<ClusterView<'_>> {
+        match (&self.peers_in, &self.peers) {
+            (Some(f), _) => Some(ClusterView::File(f)),
+            (None, Some(w)) => Some(ClusterView::Watch(w)),
+            _ => None,
+        }
     }
 }

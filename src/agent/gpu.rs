@@ -116,7 +116,10 @@ impl Engine {
                     .gpu_xid_errors
                     .get_or_create(&observations::xid_label(&e, self.probes.gpus.xids.kept(&e)))
                     .inc();
-                self.outbox.push(("GPUXidError", e.message()), true);
+                self.outbox.push(
+                    (crate::reason::Reason::GpuXidError.as_str(), e.message()),
+                    true,
+                );
             }
             GpuEvent::Lost { why } => {
                 self.probes.gpus.lost = Some(why);

@@ -202,4 +202,18 @@ impl Engine {
             Input::Publish => self.outbox.send(&self.metrics, &self.ready).await,
         }
     }
+
+    /// One event of the peer watch; a new report when where the tasks stand changed.
+    pub(super) fn on_peer_event(&mut self, i: usize, ev: peer_watch::PeerEvent) {
+        if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
+            self.refresh();
+        }
+    }
+
+    /// exec: reads the sidecar's peers.json; a new report when it changed.
+    pub(super) fn on_peers_file(&mut self) {
+        if self.peers_in.as_mut().is_some_and(|p| p.read()) {
+            self.refresh();
+        }
+    }
 }

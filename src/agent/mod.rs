@@ -1,24 +1,27 @@
-//! The reporter loop shared by `trainlet sidecar` and `trainlet exec --report`.
+//! The agent: the one process trainlet runs beside training, as `trainlet exec
+//! --report` (beside CMD, [`exec_reporter`]) or `trainlet sidecar` ([`sidecar`]); which
+//! one, and how exec reaches the API server, is its [`Role`], decided once.
 //!
-//! One task on a single-threaded runtime waits on everything at once:
+//! One task on a single-threaded runtime waits on everything at once (`input.rs`, one
+//! `Input` per kind of wake-up):
 //! - the own pod, through a watch (kube-runtime's watcher, with its backoff): the
 //!   training container's GPU limit, ports, start time and OOMKilled restarts;
-//! - the probe interval: NVML and `/proc/net/tcp{,6}` ([`listeners`]);
-//! - OOM notifications (eventfd or inotify), or a fast poll where there are none
-//!   ([`oom_watch`]);
+//! - the probe interval: NVML and `/proc/net/tcp{,6}`;
+//! - OOM notifications (eventfd or inotify), or a fast poll where there are none;
 //! - NVML events (XID errors, a lost GPU) from a thread that blocks on NVML's event
 //!   API ([`crate::report::probe::gpu::events`]);
-//! - the outbox's next write ([`outbox`]) and signals;
-//! - in exec mode, CMD's exit (SIGCHLD, [`child`]); [`exec`] runs CMD and restarts it
-//!   after a peer change.
+//! - the peer watch, or the sidecar's `peers.json`; exec's observations (the sidecar);
+//! - the outbox's next write and signals; in exec, CMD's exit (SIGCHLD) and the moment
+//!   a stall would begin.
 //!
-//! After each of these the observations go through the pure [`state`], which returns
-//! the report, the annotations and the Events to publish. At rest a sidecar wakes once
-//! per `--interval`, reads two small files and, on GPU nodes, asks NVML three
-//! questions; the pod watch is an idle connection; nothing is written to the API
-//! server until something changes.
+//! After each of these the observations go through the pure `crate::report::state`,
+//! which returns the report, the annotations and the Events to publish. exec's loop
+//! hands CMD back to the supervisor ([`crate::supervise::lifecycle`]) when the
+//! cluster or a stall asks for action. At rest a sidecar wakes once per `--interval`,
+//! reads two small files and, on GPU nodes, asks NVML three questions; the pod watch
+//! is an idle connection; nothing is written to the API server until something
+//! changes.
 
-mod cluster_view;
 mod config;
 mod evaluate;
 mod exec;
@@ -43,6 +46,7 @@ use tracing::warn;
 use crate::metrics::{self, ContainerLabel, Metrics, MetricsError, Readiness};
 use crate::peers::drift as peer_watch;
 use crate::publish::{ContainerUrgency, TokenBucket};
+use crate::reason::Reason;
 use crate::report::outbox::Outbox;
 use crate::report::pod::{self, PodView};
 use crate::report::probe::oom::OomKill;
@@ -299,7 +303,26 @@ impl Engine {
                 container: kill.container.clone(),
             })
             .inc();
-        self.outbox.push(("OOMKill", kill.message()), urgent);
+        self.outbox
+            .push((Reason::OomKill.as_str(), kill.message()), urgent);
+    }
+
+    /// One announcement, by the same path in both layouts: its counter, and its Event
+    /// where this process publishes. exec handing over leaves the Event to the
+    /// sidecar, which announces what exec handed over through this same path.
+    fn announce(&mut self, reason: Reason, note: String, urgent: bool) {
+        match reason {
+            Reason::Stalled => {
+                self.metrics.progress.stalls.inc();
+            }
+            Reason::Restarting => {
+                self.metrics.restarts.inc();
+            }
+            _ => {}
+        }
+        if self.outgoing.is_none() {
+            self.outbox.push((reason.as_str(), note), urgent);
+        }
     }
 
     /// A warning about news (an OOM kill, an XID), at most 20 at once and then one per
@@ -336,20 +359,6 @@ impl Engine {
         }
         self.evaluate();
         self.hand_over(None);
-    }
-
-    /// One event of the peer watch; a new report when where the tasks stand changed.
-    fn on_peer_event(&mut self, i: usize, ev: peer_watch::PeerEvent) {
-        if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
-            self.refresh();
-        }
-    }
-
-    /// exec: reads the sidecar's peers.json; a new report when it changed.
-    fn on_peers_file(&mut self) {
-        if self.peers_in.as_mut().is_some_and(|p| p.read()) {
-            self.refresh();
-        }
     }
 
     /// Starts the peer watch, where there is one and a connection to the API server.

@@ -15,6 +15,7 @@ use crate::handover::observation::{
 };
 use crate::metrics::{ReasonLabel, XidLabel};
 use crate::publish::keys;
+use crate::reason::Reason;
 use crate::report::probe::ports::PortEntry;
 use crate::report::state::{ExecMark, Previous};
 
@@ -276,8 +277,7 @@ impl Engine {
         let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
         if let Some(note) = &news.stall {
             self.log_news(note);
-            self.metrics.progress.stalls.inc();
-            self.outbox.push(("Stalled", note.clone()), urgent);
+            self.announce(Reason::Stalled, note.clone(), urgent);
         }
         for k in &news.kills {
             let kill = k.to_kill(&container);
@@ -292,7 +292,8 @@ impl Engine {
                 .get_or_create(&xid_label(&e, self.probes.gpus.xids.kept(&e)))
                 .inc_by(n);
             for _ in 0..n.min(XID_EVENTS_PER_VERSION) {
-                self.outbox.push(("GPUXidError", e.message()), urgent);
+                self.outbox
+                    .push((Reason::GpuXidError.as_str(), e.message()), urgent);
             }
         }
         if let Some(note) = news.restart {
@@ -307,8 +308,7 @@ impl Engine {
             };
             if explained {
                 self.log_news(&note);
-                self.metrics.restarts.inc();
-                self.outbox.push(("Restarting", note), urgent);
+                self.announce(Reason::Restarting, note, urgent);
             } else {
                 self.metrics
                     .observations_rejected

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
+use crate::reason::Reason;
 use crate::stall::peers::{PeerStall, annotation};
 use crate::stall::progress::Progress;
 use crate::stall::watching::{News, Watching};
@@ -40,10 +41,7 @@ impl Engine {
         match news {
             Some(News::Stalled { n, note }) => {
                 warn!(stall = n, "{note}");
-                self.metrics.progress.stalls.inc();
-                if self.outgoing.is_none() {
-                    self.outbox.push(("Stalled", note), true);
-                }
+                self.announce(Reason::Stalled, note, true);
             }
             Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
             None => {}

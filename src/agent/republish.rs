@@ -98,7 +98,13 @@ impl Engine {
                 );
                 if self.republish.failed.as_deref() != Some(note.as_str()) {
                     warn!("{note}");
-                    self.outbox.push(("ClusterTooLarge", note.clone()), true);
+                    self.outbox.push(
+                        (
+                            crate::reason::Reason::ClusterTooLarge.as_str(),
+                            note.clone(),
+                        ),
+                        true,
+                    );
                     self.republish.failed = Some(note);
                 }
                 carried_text

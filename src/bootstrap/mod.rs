@@ -181,7 +181,9 @@ pub async fn run(
         found.waited.as_secs_f64()
     );
     best_effort(
-        this.publisher.event(false, "PeersResolved", &note).await,
+        this.publisher
+            .event(false, crate::reason::Reason::PeersResolved.as_str(), &note)
+            .await,
         "emit the PeersResolved event",
     );
     Ok(Outcome { tf_config: tf, env })
@@ -231,7 +233,11 @@ impl Session<'_> {
     async fn timed_out(&self, e: InitError) -> InitError {
         best_effort(
             self.publisher
-                .event(true, "PeerWaitTimeout", &(self.describe)(&e))
+                .event(
+                    true,
+                    crate::reason::Reason::PeerWaitTimeout.as_str(),
+                    &(self.describe)(&e),
+                )
                 .await,
             "emit the PeerWaitTimeout event",
         );
@@ -339,7 +345,11 @@ impl Session<'_> {
         let e = InitError::PortConflict(port);
         best_effort(
             self.publisher
-                .event(true, "PortConflict", &(self.describe)(&e))
+                .event(
+                    true,
+                    crate::reason::Reason::PortConflict.as_str(),
+                    &(self.describe)(&e),
+                )
                 .await,
             "emit the PortConflict event",
         );
@@ -372,7 +382,9 @@ impl Session<'_> {
             let note = (self.describe)(e);
             warn!("{note}");
             best_effort(
-                self.publisher.event(true, "ClusterTooLarge", &note).await,
+                self.publisher
+                    .event(true, crate::reason::Reason::ClusterTooLarge.as_str(), &note)
+                    .await,
                 "emit the ClusterTooLarge event",
             );
         }
@@ -395,7 +407,11 @@ impl Session<'_> {
         if let Err(e) = &r {
             best_effort(
                 self.publisher
-                    .event(true, "ClusterNotPublished", &(self.describe)(e))
+                    .event(
+                        true,
+                        crate::reason::Reason::ClusterNotPublished.as_str(),
+                        &(self.describe)(e),
+                    )
                     .await,
                 "emit the ClusterNotPublished event",
             );

@@ -454,21 +454,21 @@ pub fn event(d: &Drift) -> Option<(&'static str, String)> {
     match &d.held {
         Held::Current => None,
         Held::Lost { why } => Some((
-            "PeerLost",
+            crate::reason::Reason::PeerLost.as_str(),
             format!(
                 "task {} ({}) has no live pod: {why}; the cluster this pod was given is stale",
                 d.task, d.was
             ),
         )),
         Held::Replaced { pod, address, .. } if *address == d.was => Some((
-            "PeerReplaced",
+            crate::reason::Reason::PeerReplaced.as_str(),
             format!(
                 "task {} ({}) is held by a new pod, {pod}, at the same address; the cluster this pod was given is stale",
                 d.task, d.was
             ),
         )),
         Held::Replaced { pod, address, .. } => Some((
-            "PeerReplaced",
+            crate::reason::Reason::PeerReplaced.as_str(),
             format!(
                 "task {} moved: {} → {address} (pod {pod}); the cluster this pod was given is stale",
                 d.task, d.was

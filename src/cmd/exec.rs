@@ -25,7 +25,7 @@ use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
 use crate::supervise::lifecycle::Supervisor;
-use crate::supervise::respawn::{Respawner, command, read_outputs};
+use crate::supervise::lifecycle::{Respawner, command, read_outputs};
 use crate::{Exit, Failure, bootstrap};
 use tracing::warn;
 
@@ -95,21 +95,20 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         // When CMD last started: an error file from before is a previous run's.
         let started = Rc::new(Cell::new(SystemTime::now()));
         let restarted = started.clone();
-        let respawn = Respawner {
+        let respawner = Respawner {
             argv: args.command.clone(),
             dir: dir.clone(),
             init: init_cfg.filter(|_| !handing_over),
-            prepare: Rc::new(move |cmd| {
+            prepare: Box::new(move |cmd| {
                 restarted.set(SystemTime::now());
                 with_error_file(with_heartbeat(cmd))
             }),
             explain: explain::init,
-        }
-        .into_respawn();
+        };
         let ended = super::runtime()?.block_on(async {
             let (mut reporter, mut signals, cmd) =
                 agent::exec_reporter(cfg, cmd, &program, ports).await?;
-            Supervisor::new(cmd, &program, respawn)
+            Supervisor::new(cmd, respawner)
                 .run(&mut reporter, &mut signals)
                 .await
         })?;

@@ -160,7 +160,7 @@ impl Outbox {
             if self.desired.get(RESOLUTION) != Some(&carried) {
                 self.desired.insert(RESOLUTION.into(), carried);
                 why = Some((
-                    "ClusterTooLarge",
+                    crate::reason::Reason::ClusterTooLarge.as_str(),
                     format!(
                         "cannot publish the cluster again for the other pods: {first}; they keep the cluster published before"
                     ),

@@ -382,13 +382,13 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
             let was = announced.gpu.as_ref().map(|(s, _)| s.clone());
             match report.gpu.status {
                 GpuStatus::Mismatch => out.push((
-                    "GPUCountMismatch",
+                    crate::reason::Reason::GpuCountMismatch.as_str(),
                     gpu::message(&info, e, &report.container),
                 )),
                 GpuStatus::Unavailable if was != Some(GpuStatus::Unavailable) => {
                     let why = report.gpu.nvml.trim_start_matches("unavailable: ");
                     out.push((
-                        "GPUUnavailable",
+                        crate::reason::Reason::GpuUnavailable.as_str(),
                         format!(
                             "container {} expects {} GPU{} ({}) but NVML is unavailable: {why}",
                             report.container,
@@ -405,7 +405,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
     }
     match &report.gpu.lost {
         Some(why) if announced.lost.is_none() => {
-            out.push(("GPULost", why.clone()));
+            out.push((crate::reason::Reason::GpuLost.as_str(), why.clone()));
             urgent = true;
             announced.lost = Some(why.clone());
         }
@@ -413,7 +413,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
         Some(_) => {}
     }
     for note in gpu::new_resets(&report.gpu.faulty, &mut announced.resets, &report.container) {
-        out.push(("GPUResetRequired", note));
+        out.push((crate::reason::Reason::GpuResetRequired.as_str(), note));
         urgent = true;
     }
     let conflicts: BTreeSet<u16> = report
@@ -425,7 +425,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
     for p in report.ports.iter().filter(|p| p.state.is_conflict()) {
         if !announced.conflicts.contains(&p.port) {
             out.push((
-                "PortConflict",
+                crate::reason::Reason::PortConflict.as_str(),
                 ports::conflict_message(p.port, &p.state, &report.container),
             ));
             urgent = true;

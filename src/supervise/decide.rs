@@ -3,7 +3,10 @@
 //! restart loop (`lifecycle.rs`) only carries them out, so each transition of the
 //! life of CMD has a unit test here.
 
-use super::policy::{self, Decision, OnPeerChange, Policy};
+use std::time::Duration;
+
+use super::policy::{OnPeerChange, OnStall, Policy, backoff};
+use crate::flags;
 
 /// What made exec act on CMD.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +41,7 @@ pub struct Facts {
 pub enum Next {
     /// exec ends with CMD as it is.
     End,
-    /// CMD failed while the cluster looked current: wait up to [`policy::SETTLE`] for
+    /// CMD failed while the cluster looked current: wait up to [`super::policy::SETTLE`] for
     /// the peer change that explains it (a broken collective fails before the watch
     /// sees the pod go), then decide again.
     Settle,
@@ -78,17 +81,82 @@ pub fn next(f: &Facts) -> Next {
 /// What the policy does about `trigger`, after `done` restarts.
 pub fn on(policy: &Policy, done: u32, trigger: &Trigger) -> Decision {
     match trigger {
-        Trigger::PeerChange(stale) => policy::decide(policy, done, stale),
-        Trigger::Stall(why) => policy::decide_stall(policy, done, why),
+        Trigger::PeerChange(stale) => decide(policy, done, stale),
+        Trigger::Stall(why) => decide_stall(policy, done, why),
+    }
+}
+
+/// What to do about a peer change or a stall.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Only report it.
+    Report,
+    /// Restart CMD: this is restart `n` of `of`, after `delay`.
+    Restart { n: u32, of: u32, delay: Duration },
+    /// Stop CMD and exit: `why` is the termination message.
+    Exit { why: String },
+}
+
+/// The decision on a stale cluster (`stale` is the `trainlet.io/cluster` text), after
+/// `done` restarts.
+pub fn decide(policy: &Policy, done: u32, stale: &str) -> Decision {
+    let action = match policy.on_change {
+        OnPeerChange::Report => OnStall::Report,
+        OnPeerChange::Restart => OnStall::Restart,
+        OnPeerChange::Exit => OnStall::Exit,
+    };
+    decide_on(
+        action,
+        policy,
+        done,
+        &format!("the cluster changed ({stale})"),
+        &format!("the cluster changed again ({stale})"),
+    )
+}
+
+/// The decision on a stall (`why` says whose and for how long), after `done`
+/// restarts: the same budget and backoff as peer changes.
+pub fn decide_stall(policy: &Policy, done: u32, why: &str) -> Decision {
+    decide_on(policy.on_stall, policy, done, why, &format!("{why},"))
+}
+
+/// What both decisions share: `why` for an exit at once, `again` before the count of
+/// restarts for an exit past `--max-restarts`.
+fn decide_on(action: OnStall, policy: &Policy, done: u32, why: &str, again: &str) -> Decision {
+    match action {
+        OnStall::Report => Decision::Report,
+        OnStall::Exit => Decision::Exit {
+            why: format!("{why}; exiting so that the pod is replaced"),
+        },
+        OnStall::Restart if done >= policy.max_restarts => Decision::Exit {
+            why: format!(
+                "{again} after {done} restarts (--{} {}); exiting so that the pod is replaced",
+                flags::MAX_RESTARTS,
+                policy.max_restarts
+            ),
+        },
+        OnStall::Restart => Decision::Restart {
+            n: done + 1,
+            of: policy.max_restarts,
+            delay: backoff(policy.backoff, done + 1),
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::supervise::policy::OnStall;
+
+    fn policy(on_change: OnPeerChange, max: u32) -> Policy {
+        Policy {
+            on_change,
+            on_stall: OnStall::Report,
+            max_restarts: max,
+            grace: Duration::from_secs(30),
+            backoff: Duration::from_secs(10),
+            wait: None,
+        }
+    }
 
     const STALE: &str = "stale: worker/1 10.0.0.7 → 10.0.0.19";
     const HUNG: &str = "trainer made no progress for 5m";
@@ -245,6 +313,85 @@ mod tests {
         assert_eq!(on(&report, 0, &change), Decision::Report);
         assert_eq!(
             on(&report, 0, &Trigger::Stall(HUNG.into())),
+            Decision::Report
+        );
+    }
+
+    #[test]
+    fn restarts_are_counted_then_exec_exits() {
+        let p = policy(OnPeerChange::Restart, 2);
+        let stale = "stale: worker/1 10.0.0.7 → 10.0.0.19";
+        assert_eq!(
+            decide(&p, 0, stale),
+            Decision::Restart {
+                n: 1,
+                of: 2,
+                delay: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(
+            decide(&p, 1, stale),
+            Decision::Restart {
+                n: 2,
+                of: 2,
+                delay: Duration::from_secs(20)
+            }
+        );
+        assert_eq!(
+            decide(&p, 2, stale),
+            Decision::Exit {
+                why: "the cluster changed again (stale: worker/1 10.0.0.7 → 10.0.0.19) after 2 restarts (--max-restarts 2); exiting so that the pod is replaced".into()
+            }
+        );
+        assert_eq!(
+            decide(&policy(OnPeerChange::Report, 3), 0, stale),
+            Decision::Report
+        );
+        assert_eq!(
+            decide(&policy(OnPeerChange::Exit, 3), 0, stale),
+            Decision::Exit {
+                why: "the cluster changed (stale: worker/1 10.0.0.7 → 10.0.0.19); exiting so that the pod is replaced".into()
+            }
+        );
+        assert!(matches!(
+            decide(&policy(OnPeerChange::Restart, 0), 0, stale),
+            Decision::Exit { .. }
+        ));
+    }
+
+    #[test]
+    fn a_stall_shares_the_restart_budget_and_backoff() {
+        let p = Policy {
+            on_stall: OnStall::Restart,
+            ..policy(OnPeerChange::Report, 2)
+        };
+        let why = "no progress for 5s";
+        assert_eq!(
+            decide_stall(&p, 1, why),
+            Decision::Restart {
+                n: 2,
+                of: 2,
+                delay: Duration::from_secs(20)
+            }
+        );
+        assert_eq!(
+            decide_stall(&p, 2, why),
+            Decision::Exit {
+                why: "no progress for 5s, after 2 restarts (--max-restarts 2); exiting so that the pod is replaced".into()
+            }
+        );
+        let exit = Policy {
+            on_stall: OnStall::Exit,
+            ..p.clone()
+        };
+        assert_eq!(
+            decide_stall(&exit, 0, why),
+            Decision::Exit {
+                why: "no progress for 5s; exiting so that the pod is replaced".into()
+            }
+        );
+        assert_eq!(
+            decide_stall(&policy(OnPeerChange::Restart, 3), 0, why),
             Decision::Report
         );
     }

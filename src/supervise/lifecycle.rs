@@ -2,22 +2,27 @@
 //! until it exits, a stop signal comes, or a peer change (`--on-peer-change`) asks for
 //! action; then [`decide`] says what to do: end with CMD's status, stop CMD and
 //! exit 7 (8 for a stall), or stop it, wait the backoff and the cluster, and start it
-//! again with the new environment ([`Respawn`]: `respawn.rs`, the init workflow again).
+//! again with the new environment ([`Respawner`]: the init workflow again, or the files
+//! the sidecar moved).
 //!
 //! The [`Supervisor`] owns CMD; the reporter that runs beside it is behind [`Reporter`],
 //! so that this loop is all a reader needs to follow "a peer is replaced → exec restarts
 //! CMD with the new address"; what the reporter observes and publishes is the agent's
 //! (`src/agent`).
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tracing::{info, warn};
 
 use super::child::{Child, SpawnError};
 pub use super::decide::Trigger;
-use super::decide::{self, Facts, Next};
-use super::policy::{self, Decision, Policy};
+use super::decide::{self, Decision, Facts, Next};
+use super::policy::{self, Policy};
 use super::stop::{stop_tree, wait_for_stop};
+use crate::bootstrap::{self, InitConfig, InitError};
+use crate::render::frameworks::envfile;
+use crate::render::{self, ENV_FILE, TF_CONFIG_FILE, TfConfig};
 use crate::signal::{self, Signals};
 use crate::{Code, Failure};
 
@@ -32,14 +37,6 @@ pub enum Resume {
     /// A stall (`--on-stall restart`): the cluster is as it was, and so are its files.
     Stall,
 }
-
-/// Makes CMD again, with its environment, for a restart.
-pub type Respawn = Box<
-    dyn FnMut(
-        Resume,
-    )
-        -> futures::future::LocalBoxFuture<'static, Result<std::process::Command, Failure>>,
->;
 
 /// Where the reporter stands when its loop returns: what [`decide::next`] reads.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -141,18 +138,18 @@ pub fn spawn(
 pub struct Supervisor {
     cmd: Child,
     program: String,
-    respawn: Respawn,
+    respawner: Respawner,
     life: Life,
 }
 
 impl Supervisor {
     /// CMD, already started (by the agent's setup, once it knows who listened
     /// before), and how to make it again.
-    pub fn new(cmd: Child, program: &str, respawn: Respawn) -> Supervisor {
+    pub fn new(cmd: Child, respawner: Respawner) -> Supervisor {
         Supervisor {
             cmd,
-            program: program.to_string(),
-            respawn,
+            program: respawner.argv[0].clone(),
+            respawner,
             life: Life::default(),
         }
     }
@@ -269,14 +266,14 @@ impl Supervisor {
             },
             Trigger::Stall(_) => Resume::Stall,
         };
-        let respawn = &mut self.respawn;
+        let respawner = &self.respawner;
         let next = tokio::select! {
             next = async {
                 tokio::time::sleep(step.delay).await;
                 if resume != Resume::Stall {
                     reporter.wait_for_files().await?;
                 }
-                respawn(resume).await
+                respawner.command(resume).await
             } => next.map_err(|f| Failure::new(f.code, format!("restarting after {after_what}: {}", f.message)))?,
             s = wait_for_stop(signals) => {
                 // CMD is not running: say so, not how the stopped CMD ended.
@@ -358,6 +355,91 @@ struct Restart {
     n: u32,
     of: u32,
     delay: std::time::Duration,
+}
+
+// ---------------------------------------------------------------------------------
+// Making CMD again for a restart: after a peer change, the cluster is resolved again
+// (the init workflow, with exec's own flags) where exec holds credentials, or read from
+// the files the sidecar moved where it hands over; after a stall, the files are as they
+// were. Either way CMD gets the variables of `trainlet.env` again.
+
+/// What a restart needs to make CMD again.
+pub struct Respawner {
+    /// CMD and its arguments.
+    pub argv: Vec<String>,
+    /// Where init's files are.
+    pub dir: PathBuf,
+    /// Resolving again after a peer change: init's config, where exec holds
+    /// credentials; `None` where it hands over (the sidecar moves the files).
+    pub init: Option<InitConfig>,
+    /// What CMD gets besides trainlet.env (the heartbeat file, torch's error file),
+    /// applied at each start.
+    pub prepare: Box<dyn Fn(std::process::Command) -> std::process::Command>,
+    /// Init's errors as the user reads them.
+    pub explain: fn(&InitError) -> String,
+}
+
+impl Respawner {
+    /// CMD again, for a restart: after a peer change, from the cluster resolved again
+    /// (with credentials) or from the files the sidecar moved; after a stall, from the
+    /// files as they were.
+    pub async fn command(&self, resume: Resume) -> Result<std::process::Command, Failure> {
+        let init = match resume {
+            Resume::PeerChange { after } => self.init.clone().map(|mut c| {
+                c.min_generation = after;
+                c
+            }),
+            // A stall changed no peer: the files are as they were.
+            Resume::Stall => None,
+        };
+        match init {
+            Some(init) => {
+                let out = bootstrap::run(&init, self.explain)
+                    .await
+                    .map_err(|e| Failure::new(e.code(), (self.explain)(&e)))?;
+                Ok((self.prepare)(command(
+                    &self.argv,
+                    out.env,
+                    &init.output_dir,
+                )))
+            }
+            // The sidecar moved the files, or nothing moved.
+            None => {
+                let (env, _) = read_outputs(&self.dir)?;
+                Ok((self.prepare)(command(&self.argv, env, &self.dir)))
+            }
+        }
+    }
+}
+
+/// The init container's files: trainlet.env holds what its --framework chose. A
+/// tf_config.json alone (written by hand, or by an older init) gives TF_CONFIG.
+pub fn read_outputs(dir: &Path) -> Result<(Vec<(String, String)>, TfConfig), Failure> {
+    let (_, tf) = render::read_tf_config(&dir.join(TF_CONFIG_FILE))?;
+    let env_file = dir.join(ENV_FILE);
+    let env = if env_file.exists() {
+        render::read_env(&env_file)?
+    } else {
+        render::tf_env(&tf)
+    };
+    Ok((env, tf))
+}
+
+/// CMD with the variables of trainlet.env, those that fit in an environment.
+pub fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::process::Command {
+    let (env, too_long) = envfile::fitting(env);
+    for name in too_long {
+        warn!(
+            "{name} is longer than the kernel allows one environment variable (128 KiB) and is left out of CMD's environment; read it from {} instead",
+            dir.display()
+        );
+    }
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).envs(env);
+    if let Some((name, value)) = super::child::unbuffered(|n| std::env::var_os(n)) {
+        cmd.env(name, value);
+    }
+    cmd
 }
 
 #[cfg(test)]

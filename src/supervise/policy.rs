@@ -1,5 +1,6 @@
-//! What `trainlet exec` does when a peer of the resolved cluster is lost or replaced
-//! (`--on-peer-change`), decided without I/O.
+//! The restart policy: what `trainlet exec` is told to do when a peer of the resolved
+//! cluster is lost or replaced (`--on-peer-change`) or CMD stalls (`--on-stall`), the
+//! restart budget and the backoff. `decide.rs` applies it.
 //!
 //! The operators restart the whole group when one member fails (JobSet's in-place
 //! restart, Volcano's `RestartJob`, the tf-operator's restart policies); trainlet does it
@@ -9,8 +10,6 @@
 //! from restarting the whole job in a tight loop, and `--max-restarts` ends it.
 
 use std::time::Duration;
-
-use crate::flags;
 
 /// What a peer lost or replaced does to CMD (`--on-peer-change`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,78 +69,10 @@ pub fn backoff(base: Duration, n: u32) -> Duration {
     base.saturating_mul(factor).min(MAX_BACKOFF)
 }
 
-/// What to do about a stale cluster.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// Only report it.
-    Report,
-    /// Restart CMD: this is restart `n` of `of`, after `delay`.
-    Restart { n: u32, of: u32, delay: Duration },
-    /// Stop CMD and exit: `why` is the termination message.
-    Exit { why: String },
-}
-
-/// The decision on a stale cluster (`stale` is the `trainlet.io/cluster` text), after
-/// `done` restarts.
-pub fn decide(policy: &Policy, done: u32, stale: &str) -> Decision {
-    let action = match policy.on_change {
-        OnPeerChange::Report => OnStall::Report,
-        OnPeerChange::Restart => OnStall::Restart,
-        OnPeerChange::Exit => OnStall::Exit,
-    };
-    decide_on(
-        action,
-        policy,
-        done,
-        &format!("the cluster changed ({stale})"),
-        &format!("the cluster changed again ({stale})"),
-    )
-}
-
-/// The decision on a stall (`why` says whose and for how long), after `done`
-/// restarts: the same budget and backoff as peer changes.
-pub fn decide_stall(policy: &Policy, done: u32, why: &str) -> Decision {
-    decide_on(policy.on_stall, policy, done, why, &format!("{why},"))
-}
-
-/// What both decisions share: `why` for an exit at once, `again` before the count of
-/// restarts for an exit past `--max-restarts`.
-fn decide_on(action: OnStall, policy: &Policy, done: u32, why: &str, again: &str) -> Decision {
-    match action {
-        OnStall::Report => Decision::Report,
-        OnStall::Exit => Decision::Exit {
-            why: format!("{why}; exiting so that the pod is replaced"),
-        },
-        OnStall::Restart if done >= policy.max_restarts => Decision::Exit {
-            why: format!(
-                "{again} after {done} restarts (--{} {}); exiting so that the pod is replaced",
-                flags::MAX_RESTARTS,
-                policy.max_restarts
-            ),
-        },
-        OnStall::Restart => Decision::Restart {
-            n: done + 1,
-            of: policy.max_restarts,
-            delay: backoff(policy.backoff, done + 1),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    fn policy(on_change: OnPeerChange, max: u32) -> Policy {
-        Policy {
-            on_change,
-            on_stall: OnStall::Report,
-            max_restarts: max,
-            grace: Duration::from_secs(30),
-            backoff: Duration::from_secs(10),
-            wait: None,
-        }
-    }
 
     #[test]
     fn the_backoff_is_the_seeds_ten_seconds_doubling_to_360() {
@@ -151,85 +82,6 @@ mod tests {
             [10, 20, 40, 80, 160, 320, 360]
         );
         assert_eq!(s(u32::MAX), 360);
-    }
-
-    #[test]
-    fn restarts_are_counted_then_exec_exits() {
-        let p = policy(OnPeerChange::Restart, 2);
-        let stale = "stale: worker/1 10.0.0.7 → 10.0.0.19";
-        assert_eq!(
-            decide(&p, 0, stale),
-            Decision::Restart {
-                n: 1,
-                of: 2,
-                delay: Duration::from_secs(10)
-            }
-        );
-        assert_eq!(
-            decide(&p, 1, stale),
-            Decision::Restart {
-                n: 2,
-                of: 2,
-                delay: Duration::from_secs(20)
-            }
-        );
-        assert_eq!(
-            decide(&p, 2, stale),
-            Decision::Exit {
-                why: "the cluster changed again (stale: worker/1 10.0.0.7 → 10.0.0.19) after 2 restarts (--max-restarts 2); exiting so that the pod is replaced".into()
-            }
-        );
-        assert_eq!(
-            decide(&policy(OnPeerChange::Report, 3), 0, stale),
-            Decision::Report
-        );
-        assert_eq!(
-            decide(&policy(OnPeerChange::Exit, 3), 0, stale),
-            Decision::Exit {
-                why: "the cluster changed (stale: worker/1 10.0.0.7 → 10.0.0.19); exiting so that the pod is replaced".into()
-            }
-        );
-        assert!(matches!(
-            decide(&policy(OnPeerChange::Restart, 0), 0, stale),
-            Decision::Exit { .. }
-        ));
-    }
-
-    #[test]
-    fn a_stall_shares_the_restart_budget_and_backoff() {
-        let p = Policy {
-            on_stall: OnStall::Restart,
-            ..policy(OnPeerChange::Report, 2)
-        };
-        let why = "no progress for 5s";
-        assert_eq!(
-            decide_stall(&p, 1, why),
-            Decision::Restart {
-                n: 2,
-                of: 2,
-                delay: Duration::from_secs(20)
-            }
-        );
-        assert_eq!(
-            decide_stall(&p, 2, why),
-            Decision::Exit {
-                why: "no progress for 5s, after 2 restarts (--max-restarts 2); exiting so that the pod is replaced".into()
-            }
-        );
-        let exit = Policy {
-            on_stall: OnStall::Exit,
-            ..p.clone()
-        };
-        assert_eq!(
-            decide_stall(&exit, 0, why),
-            Decision::Exit {
-                why: "no progress for 5s; exiting so that the pod is replaced".into()
-            }
-        );
-        assert_eq!(
-            decide_stall(&policy(OnPeerChange::Restart, 3), 0, why),
-            Decision::Report
-        );
     }
 
     proptest! {
