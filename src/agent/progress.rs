@@ -112,7 +112,7 @@ impl Engine {
             .pod
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
-        w.to_act_on(&self.container_name(), &peers, own)
+        w.to_act_on(|| self.container_name(), &peers, own)
     }
 
     /// The latest progress another pod of the job published, where exec sees its

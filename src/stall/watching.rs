@@ -165,10 +165,11 @@ impl Watching {
     }
 
     /// The stall to act on (`--on-stall restart|exit`): this pod's own (`container`
-    /// names it), the job's, or a peer's that this run of CMD did not answer yet.
+    /// names it, asked only then), the job's, or a peer's that this run of CMD did not
+    /// answer yet.
     pub fn to_act_on(
         &self,
-        container: &str,
+        container: impl FnOnce() -> String,
         peers: &[PeerStall],
         own: Option<&str>,
     ) -> Option<String> {
@@ -176,7 +177,7 @@ impl Watching {
             let after = humantime::format_duration(s.after);
             match s.standing {
                 Standing::Stalled(StallKind::Own) => {
-                    return Some(format!("{container} made no progress for {after}"));
+                    return Some(format!("{} made no progress for {after}", container()));
                 }
                 Standing::Stalled(StallKind::Job) => {
                     return Some(format!("no pod of the job made progress for {after}"));
