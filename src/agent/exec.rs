@@ -5,7 +5,7 @@
 //! to be acted on; the restart announced, the wait for the moved files, the new
 //! cluster followed.
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
 
@@ -17,9 +17,10 @@ use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
 use crate::signal::{self, Signals};
 use crate::stall::peers::PeerStall;
+use crate::stall::watching::News;
 use crate::supervise::child::Child;
 use crate::supervise::lifecycle::{self, Reporter, Standing};
-use crate::supervise::policy::{OnPeerChange, Policy};
+use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
 use crate::{Code, Failure, flags};
 
 impl Engine {
@@ -248,6 +249,96 @@ impl Reporter for Engine {
         self.outbox.flush(&self.metrics, &self.ready).await;
         self.hand_over(Some(code));
         self.probes.oom.ledger.kills.last().map(OomKill::message)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// exec's stall check: every `--interval` and at the moment a stall would begin, the
+// heartbeat, a CPU sample and the stall rule (`crate::stall::watching`); the `Stalled`
+// Event; the stall to act on, this pod's or a peer's.
+
+impl Engine {
+    /// exec, every `--interval`: the heartbeat, a CPU sample, and the stall check.
+    /// `ended`: CMD has exited, and only an end of a stall is news.
+    pub(super) fn check_progress(&mut self, ended: bool) {
+        let now = SystemTime::now();
+        let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
+        let Some(mut w) = self.progress.watching.take() else {
+            return;
+        };
+        let progress = w.sample(now, ticks, self.cfg.interval);
+        let news = if w.judges(ended) {
+            let peers = self.peer_progress();
+            w.check(&progress, peers, now, || self.probes.gpus.utilization())
+        } else {
+            None
+        };
+        let standing = w.standing();
+        self.progress.watching = Some(w);
+        match news {
+            Some(News::Stalled { n, note }) => {
+                warn!(stall = n, "{note}");
+                self.announce(Reason::Stalled, note, true);
+            }
+            Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
+            None => {}
+        }
+        self.set_progress_metrics(&progress, standing);
+    }
+
+    /// exec: when to check for a stall besides every `--interval`: the moment one would
+    /// begin ([`crate::stall::watching::StallWatch::due`]), while it is ahead (a
+    /// moment passed without a stall, a rank only silent, waits for the probes).
+    pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
+        if self.cfg.mode != Mode::Exec {
+            return None;
+        }
+        let due = self.progress.watching.as_ref()?.due()?;
+        let left = due.duration_since(SystemTime::now()).ok()?;
+        // A millisecond past it, so that the check's own clock reads it as passed.
+        Some(std::time::Instant::now() + left + Duration::from_millis(1))
+    }
+
+    /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
+    /// own, or a peer's ([`crate::stall::peers::to_act_on`]).
+    pub(super) fn act_on_stall(&self) -> Option<String> {
+        if self.cfg.mode != Mode::Exec || self.cfg.restart.on_stall == OnStall::Report {
+            return None;
+        }
+        let w = self.progress.watching.as_ref()?;
+        let peers = self.peer_stalls();
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        w.to_act_on(|| self.container_name(), &peers, own)
+    }
+
+    /// The latest progress another pod of the job published, where exec sees its
+    /// peers: from `peers.json` handing over, else from its own peer watch.
+    fn peer_progress(&self) -> Option<SystemTime> {
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        self.cluster_view()?.peer_progress(own)
+    }
+
+    /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
+    /// own peer watch.
+    fn peer_stalls(&self) -> Vec<PeerStall> {
+        self.cluster_view().map(|v| v.stalled()).unwrap_or_default()
+    }
+
+    /// CMD started again: its silence counts from now, and the peers' stalls known now
+    /// were answered by this restart. Called before the peer watch is made anew.
+    pub(super) fn progress_restarted(&mut self) {
+        let known = self.peer_stalls();
+        if let Some(w) = self.progress.watching.as_mut() {
+            w.restarted(SystemTime::now(), known);
+        }
     }
 }
 

@@ -10,3 +10,6 @@ pub mod peers;
 pub mod progress;
 pub mod watch;
 pub mod watching;
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,7 @@
-//! exec's progress watch as one value: the heartbeat file, CMD's CPU over the window,
-//! the stall rule ([`super::progress::StallWatch`]), the `Stalled` Event's note, and
-//! which peers' stalls a restart already answered. The agent feeds it the clock, CMD's
+//! exec's stall watch as one value: the heartbeat file, CMD's CPU over the window, the
+//! stall rule ([`StallWatch`], [`judge`]: a CMD silent for `--stall-after` is stalled,
+//! busy or not; CPU use is reported, never taken for progress), the `Stalled` Event's
+//! note, and which peers' stalls a restart already answered. The agent feeds it the clock, CMD's
 //! CPU ticks, the peers' progress and the GPUs' utilization; it says what is news.
 
 use std::collections::VecDeque;
@@ -10,10 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use super::observation::ProgressObservation;
 use super::peers::{PeerStall, to_act_on};
-use super::progress::{
-    Heartbeat, JobView, Progress, StallKind, StallWatch, Standing, Transition, WatchConfig,
-    stalled_note,
-};
+use super::progress::{Heartbeat, Progress, WatchConfig};
 use super::watch::Watch;
 use crate::time::to_ms as epoch_ms;
 
@@ -207,6 +205,207 @@ impl Watching {
     }
 }
 
+// ---------------------------------------------------------------------------------
+// The stall rule, pure: silence, a stall of this pod or of the job, its note.
+
+/// A change of the stall state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// A stall ([`judge`]): the `n`th since exec started.
+    Stalled { n: u64, kind: StallKind },
+    /// Progress again after a stall (this pod's, or another pod's after a job stall).
+    Resumed,
+}
+
+/// What the job shows beyond this pod, for [`judge`]: in DDP, torchrun, DeepSpeed and
+/// Accelerate scripts only global rank 0 logs, and MPI workers run `sshd -D`, so a pod
+/// that never prints says nothing by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobView {
+    /// This pod speaks for the job's silence: it runs rank 0, or it knows of no other
+    /// pod (exec alone, a job of one). One pod, so that a job that is silent as a
+    /// whole is one stall, not one per pod.
+    pub speaks_for_job: bool,
+    /// The latest progress another pod of the job has published, where exec sees its
+    /// peers (its own watch, or the sidecar's `peers.json`).
+    pub peer_progress: Option<SystemTime>,
+}
+
+/// Which rule found a stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallKind {
+    /// CMD made progress, then none for `--stall-after`.
+    Own,
+    /// No pod of the job made any progress for `--stall-after` (this pod speaks for
+    /// the job).
+    Job,
+}
+
+/// Where one run of CMD stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Progress within `--stall-after`.
+    Progressing,
+    /// No progress since CMD started: published, but never a stall by itself.
+    Silent,
+    Stalled(StallKind),
+}
+
+/// The stall rule. A pod whose CMD made progress and then none for `after` is stalled
+/// (the rank that logs and stops). A pod whose CMD has shown no progress since it
+/// `started` is silent, which is no stall: the ranks that never print. The job as a
+/// whole is stalled when no pod of it made any progress for `after`: the pod that
+/// speaks for the job says so once its CMD has run that long and no other pod has
+/// published progress since it started (a pod that has is the one to tell its own
+/// stall, so one stall is never announced twice).
+///
+/// `last` is CMD's last progress in this run (none before `started`).
+pub fn judge(
+    started: SystemTime,
+    last: Option<SystemTime>,
+    after: Duration,
+    job: JobView,
+    now: SystemTime,
+) -> Standing {
+    let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
+    match last.filter(|at| *at > started) {
+        Some(at) if since(at) >= after => Standing::Stalled(StallKind::Own),
+        Some(_) => Standing::Progressing,
+        None if job.speaks_for_job
+            && job.peer_progress.is_none_or(|p| p <= started)
+            && since(started) >= after =>
+        {
+            Standing::Stalled(StallKind::Job)
+        }
+        None => Standing::Silent,
+    }
+}
+
+/// The stall state of one run of CMD.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StallWatch {
+    pub after: Duration,
+    /// When the watch (re)started: progress before it is no progress of this run.
+    pub since: SystemTime,
+    pub standing: Standing,
+    /// Stalls since exec started, over every run of CMD.
+    pub stalls: u64,
+}
+
+impl StallWatch {
+    pub fn new(after: Duration, now: SystemTime) -> StallWatch {
+        StallWatch {
+            after,
+            since: now,
+            standing: Standing::Silent,
+            stalls: 0,
+        }
+    }
+
+    pub fn stalled(&self) -> bool {
+        matches!(self.standing, Standing::Stalled(_))
+    }
+
+    /// No progress in this run yet (a job stall is silent too).
+    pub fn silent(&self) -> bool {
+        matches!(
+            self.standing,
+            Standing::Silent | Standing::Stalled(StallKind::Job)
+        )
+    }
+
+    /// CMD started again: its silence counts from now.
+    pub fn restart(&mut self, now: SystemTime) {
+        self.since = now;
+        self.standing = Standing::Silent;
+    }
+
+    /// Since when CMD made no progress: the last progress, or the start when there was
+    /// none yet.
+    pub fn anchor(&self, progress: &Progress) -> SystemTime {
+        progress
+            .at
+            .filter(|at| *at > self.since)
+            .unwrap_or(self.since)
+    }
+
+    /// When a check could first find this run stalled if nothing happens before: its
+    /// last progress (or its start) plus `after`; none while it is stalled already.
+    /// exec checks then too, not only every `--interval`: a stall is seen when it
+    /// begins, not up to an interval later.
+    pub fn due(&self, progress: &Progress) -> Option<SystemTime> {
+        if self.stalled() {
+            return None;
+        }
+        self.anchor(progress).checked_add(self.after)
+    }
+
+    /// What changed at `now`.
+    pub fn check(
+        &mut self,
+        progress: &Progress,
+        job: JobView,
+        now: SystemTime,
+    ) -> Option<Transition> {
+        let was = self.stalled();
+        self.standing = judge(self.since, progress.at, self.after, job, now);
+        match (was, self.standing) {
+            (false, Standing::Stalled(kind)) => {
+                self.stalls = self.stalls.saturating_add(1);
+                Some(Transition::Stalled {
+                    n: self.stalls,
+                    kind,
+                })
+            }
+            (true, Standing::Progressing | Standing::Silent) => Some(Transition::Resumed),
+            _ => None,
+        }
+    }
+}
+
+/// The `Stalled` Event's text: how long, the last progress, and what CMD did
+/// meanwhile: its CPU use over the window, and the GPUs' utilization where NVML sees
+/// them. What was seen, not a guess at why.
+pub fn stalled_note(
+    silent: Duration,
+    progress: &Progress,
+    cpu_percent: Option<f64>,
+    gpu_percent: &[u32],
+) -> String {
+    let mut note = format!("no progress for {}", for_people(silent));
+    match (progress.step, progress.line.is_empty()) {
+        (Some(step), false) if progress.stepped => {
+            note.push_str(&format!("; last step {step} in {:?}", progress.line));
+        }
+        (Some(step), false) => {
+            note.push_str(&format!(
+                "; last step {step}; last output {:?}",
+                progress.line
+            ));
+        }
+        (None, false) => note.push_str(&format!("; last output {:?}", progress.line)),
+        (_, true) => note.push_str("; no progress output yet"),
+    }
+    if let Some(cpu) = cpu_percent {
+        note.push_str(&format!("; CMD used {cpu:.0}% of a core over the window"));
+    }
+    if !gpu_percent.is_empty() {
+        let each: Vec<String> = gpu_percent.iter().map(|p| format!("{p}%")).collect();
+        note.push_str(&format!("; GPU utilization {}", each.join(" ")));
+    }
+    note
+}
+
+/// A duration as the notes say it: whole seconds (`5s`, `10m 3s`), or milliseconds
+/// under a second (`800ms`), never `0s` for a silence that was there.
+pub fn for_people(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    }
+}
+
 /// The heartbeat file's mtime, if it can be read.
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
@@ -255,5 +454,76 @@ mod tests {
         let got = cpu_percent(&samples, t(5)).unwrap();
         assert!((got - 500.0 / hz / 5.0 * 100.0).abs() < 1e-9, "{got}");
         assert_eq!(cpu_percent(&VecDeque::new(), t(0)), None);
+    }
+
+    /// One run of CMD: a heartbeat, then silence past `--stall-after` is stall 1 with
+    /// its note (CPU over the window, the GPUs'); the stall is CMD's own to act on;
+    /// after a restart, the peers' stalls known then are answered, a new one is not.
+    #[test]
+    fn a_run_stalls_once_and_a_restart_answers_the_peers_stalls_it_knew() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let cfg = WatchConfig {
+            stall_after: Some(Duration::from_secs(5)),
+            pattern: super::super::progress::Pattern::default(),
+            heartbeat: None,
+        };
+        let mut w = Watching::new(&cfg, None, t0);
+        let interval = Duration::from_secs(1);
+        w.watch.heartbeat(at(1));
+        let p = w.sample(at(1), 100, interval);
+        assert!(w.judges(false));
+        assert_eq!(w.check(&p, None, at(1), Vec::new), None);
+        assert_eq!(w.due(), Some(at(6)));
+        // Two CPU samples 5 s apart, 250 ticks: 50 ticks a second.
+        let p = w.sample(at(6), 350, interval);
+        let news = w.check(&p, None, at(6), || vec![0, 97]);
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .unwrap()
+            .unwrap() as f64;
+        let cpu = 250.0 / hz / 5.0 * 100.0;
+        let note = format!(
+            "no progress for 5s; no progress output yet; CMD used {cpu:.0}% of a core over the window; GPU utilization 0% 97%"
+        );
+        assert_eq!(
+            news,
+            Some(News::Stalled {
+                n: 1,
+                note: note.clone()
+            })
+        );
+        assert_eq!(w.standing(), Some((true, false)));
+        assert_eq!(
+            w.to_act_on(|| "trainer".into(), &[], Some("w-0"))
+                .as_deref(),
+            Some("trainer made no progress for 5s")
+        );
+        let o = w.observation();
+        assert_eq!((o.stalled, o.stalls, o.note), (true, 1, note));
+        // CMD ended while stalled: still judged, for the end of the stall.
+        assert!(w.judges(true));
+
+        let peer = |pod: &str, since: u64| PeerStall {
+            pod: pod.into(),
+            since: at(since),
+            ongoing: true,
+        };
+        w.restarted(at(7), vec![peer("w-1", 2)]);
+        // The new run has shown nothing yet: silent, not stalled.
+        assert_eq!(w.standing(), Some((false, true)));
+        assert!(!w.judges(true), "ended, not stalled: nothing to judge");
+        assert_eq!(
+            w.to_act_on(|| unreachable!(), &[peer("w-1", 2)], Some("w-0")),
+            None
+        );
+        assert_eq!(
+            w.to_act_on(
+                || unreachable!(),
+                &[peer("w-1", 2), peer("w-2", 8)],
+                Some("w-0")
+            )
+            .as_deref(),
+            Some("pod w-2 made no progress since 2027-01-15T08:00:08Z")
+        );
     }
 }

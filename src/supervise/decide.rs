@@ -17,19 +17,27 @@ pub enum Trigger {
     Stall(String),
 }
 
+/// Where the reporter stands when its loop returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Standing {
+    /// A stop signal came while nothing was forwarded to CMD: exec ends.
+    pub stopped: bool,
+    /// The kubelet's stop signal was forwarded to CMD: no peer change restarts it.
+    pub terminating: bool,
+    /// The stale cluster the policy acts on, while it is stale.
+    pub stale: Option<String>,
+    /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
+    /// that began before CMD last started here.
+    pub stalled: Option<String>,
+}
+
 /// What the supervisor knows when the agent's loop returns.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
-    /// A stop signal came while nothing was forwarded to CMD.
-    pub stopped: bool,
-    /// The kubelet's stop signal was forwarded to CMD.
-    pub terminating: bool,
+    /// Where the reporter stands.
+    pub standing: Standing,
     /// CMD's exit status; `None` while it runs.
     pub exit: Option<i32>,
-    /// The stale cluster the policy acts on, while it is stale.
-    pub stale: Option<String>,
-    /// A stall the policy acts on (`--on-stall restart|exit`).
-    pub stalled: Option<String>,
     /// `--on-peer-change`.
     pub on_change: OnPeerChange,
     /// The wait for a peer change to explain a failure ([`Next::Settle`]) is over.
@@ -52,19 +60,20 @@ pub enum Next {
 /// After CMD exited or the agent's loop returned: the peer change or stall the policy
 /// acts on, a wait for one, or the end.
 pub fn next(f: &Facts) -> Next {
-    if f.stopped {
+    let s = &f.standing;
+    if s.stopped {
         return Next::End;
     }
     let failed = f.exit.is_some_and(|code| code != 0);
     if failed
         && !f.settled
-        && !f.terminating
-        && f.stale.is_none()
+        && !s.terminating
+        && s.stale.is_none()
         && f.on_change != OnPeerChange::Report
     {
         return Next::Settle;
     }
-    let trigger = match (&f.stale, &f.stalled) {
+    let trigger = match (&s.stale, &s.stalled) {
         (Some(stale), _) => Trigger::PeerChange(stale.clone()),
         // A stall restarts a CMD that still runs (hung), not one that has ended.
         (None, Some(why)) if f.exit.is_none() => Trigger::Stall(why.clone()),
@@ -72,7 +81,7 @@ pub fn next(f: &Facts) -> Next {
     };
     // The kubelet stops the container, or CMD ended well (the job's work is done,
     // whatever its peers do now): nothing restarts it.
-    if f.terminating || f.exit == Some(0) {
+    if s.terminating || f.exit == Some(0) {
         return Next::End;
     }
     Next::Act(trigger)
@@ -168,13 +177,22 @@ mod tests {
         }
     }
 
+    fn standing(stale: Option<&str>, stalled: Option<&str>) -> Standing {
+        Standing {
+            stale: stale.map(String::from),
+            stalled: stalled.map(String::from),
+            ..Standing::default()
+        }
+    }
+
     #[test]
     fn a_stop_signal_ends_whatever_else_holds() {
         let f = Facts {
-            stopped: true,
+            standing: Standing {
+                stopped: true,
+                ..standing(Some(STALE), Some(HUNG))
+            },
             exit: Some(1),
-            stale: Some(STALE.into()),
-            stalled: Some(HUNG.into()),
             ..restart()
         };
         assert_eq!(next(&f), Next::End);
@@ -183,8 +201,7 @@ mod tests {
     #[test]
     fn a_stale_cluster_while_cmd_runs_is_a_peer_change() {
         let f = Facts {
-            stale: Some(STALE.into()),
-            stalled: Some(HUNG.into()),
+            standing: standing(Some(STALE), Some(HUNG)),
             ..restart()
         };
         assert_eq!(next(&f), Next::Act(Trigger::PeerChange(STALE.into())));
@@ -205,7 +222,7 @@ mod tests {
         assert_eq!(next(&settled), Next::End);
         // The change came during the wait: the failure was the peer's.
         let explained = Facts {
-            stale: Some(STALE.into()),
+            standing: standing(Some(STALE), None),
             ..settled
         };
         assert_eq!(
@@ -219,7 +236,10 @@ mod tests {
         };
         assert_eq!(next(&report), Next::End);
         let terminating = Facts {
-            terminating: true,
+            standing: Standing {
+                terminating: true,
+                ..Standing::default()
+            },
             ..failed
         };
         assert_eq!(next(&terminating), Next::End);
@@ -228,14 +248,16 @@ mod tests {
     #[test]
     fn cmd_that_ended_well_or_is_being_stopped_is_not_restarted() {
         let done = Facts {
+            standing: standing(Some(STALE), None),
             exit: Some(0),
-            stale: Some(STALE.into()),
             ..restart()
         };
         assert_eq!(next(&done), Next::End);
         let terminating = Facts {
-            terminating: true,
-            stale: Some(STALE.into()),
+            standing: Standing {
+                terminating: true,
+                ..standing(Some(STALE), None)
+            },
             ..restart()
         };
         assert_eq!(next(&terminating), Next::End);
@@ -250,7 +272,7 @@ mod tests {
     #[test]
     fn a_stall_acts_only_on_a_cmd_that_still_runs() {
         let hung = Facts {
-            stalled: Some(HUNG.into()),
+            standing: standing(None, Some(HUNG)),
             ..Facts::default()
         };
         assert_eq!(next(&hung), Next::Act(Trigger::Stall(HUNG.into())));

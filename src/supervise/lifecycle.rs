@@ -16,6 +16,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::child::{Child, SpawnError};
+pub use super::decide::Standing;
 pub use super::decide::Trigger;
 use super::decide::{self, Decision, Facts, Next};
 use super::policy::{self, Policy};
@@ -36,20 +37,6 @@ pub enum Resume {
     PeerChange { after: Option<u64> },
     /// A stall (`--on-stall restart`): the cluster is as it was, and so are its files.
     Stall,
-}
-
-/// Where the reporter stands when its loop returns: what [`decide::next`] reads.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Standing {
-    /// A stop signal came while nothing was forwarded to CMD: exec ends.
-    pub stopped: bool,
-    /// The kubelet's stop signal was forwarded to CMD: no peer change restarts it.
-    pub terminating: bool,
-    /// The stale cluster the policy acts on, while it is stale.
-    pub stale: Option<String>,
-    /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
-    /// that began before CMD last started here.
-    pub stalled: Option<String>,
 }
 
 /// What the supervisor needs of the reporter that runs beside CMD. One thread runs
@@ -204,13 +191,9 @@ impl Supervisor {
     ) -> Option<Trigger> {
         let mut settled = false;
         loop {
-            let standing = reporter.standing();
             let facts = Facts {
-                stopped: standing.stopped,
-                terminating: standing.terminating,
+                standing: reporter.standing(),
                 exit: self.cmd.exit,
-                stale: standing.stale,
-                stalled: standing.stalled,
                 on_change: reporter.policy().on_change,
                 settled,
             };

@@ -2,7 +2,8 @@ use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
 
-use super::*;
+use super::progress::*;
+use super::watching::*;
 use crate::testing::budget;
 
 fn lines(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
