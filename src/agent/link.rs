@@ -90,6 +90,10 @@ impl Engine {
                 started_at = %crate::time::rfc3339_seconds(at),
                 "the training container started"
             );
+            // Judge the listeners again against the start just learned, now: the next
+            // probe may come only after a short run ended (its listeners gone), and the
+            // report must not keep what was judged while the start was unknown.
+            self.probe_ports();
         }
         if self.training().is_none() && !self.once.warned_no_container {
             let containers: Vec<String> = self

@@ -154,10 +154,16 @@ impl PodView {
         }
     }
 
-    /// When the container's current run started.
+    /// When the container's current run started, or its last run, once it has ended:
+    /// a watch that lags the kubelet may first see a short run (a launcher done in
+    /// seconds) already terminated, and what listened in that run was still its own.
     pub fn started_at(&self, container: &str) -> Option<SystemTime> {
-        let st = self.status(container)?;
-        let t = st.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
+        let state = self.status(container)?.state.as_ref()?;
+        let t = match (&state.running, &state.terminated) {
+            (Some(r), _) => r.started_at.as_ref()?,
+            (None, Some(t)) => t.started_at.as_ref()?,
+            (None, None) => return None,
+        };
         Some(SystemTime::from(t.0))
     }
 
@@ -290,5 +296,34 @@ mod tests {
         assert!(!pod("OnFailure", 1).finished("trainer"));
         assert!(!pod("Always", 0).finished("trainer"));
         assert!(!PodView::default().finished("trainer"));
+    }
+
+    /// The MPI example's launcher ran for two seconds: the sidecar's lagging watch saw
+    /// it only terminated, and took the port its trainer had listened on for one held
+    /// before the container started.
+    #[test]
+    fn a_terminated_container_still_gives_when_its_run_started() {
+        let view = |state: serde_json::Value| PodView {
+            pod: Some(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "p"},
+                    "spec": {"containers": [{"name": "mpi", "image": "x"}]},
+                    "status": {"containerStatuses": [{
+                        "name": "mpi", "image": "x", "imageID": "", "ready": false,
+                        "restartCount": 0, "state": state
+                    }]}
+                }))
+                .unwrap(),
+            ),
+        };
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let running = view(serde_json::json!({"running": {"startedAt": "2027-01-15T08:00:00Z"}}));
+        let ended = view(serde_json::json!({"terminated": {"exitCode": 0,
+            "startedAt": "2027-01-15T08:00:00Z", "finishedAt": "2027-01-15T08:00:02Z"}}));
+        let waiting = view(serde_json::json!({"waiting": {"reason": "ContainerCreating"}}));
+        assert_eq!(running.started_at("mpi"), Some(at));
+        assert_eq!(ended.started_at("mpi"), Some(at));
+        assert_eq!(waiting.started_at("mpi"), None);
+        assert_eq!(PodView::default().started_at("mpi"), None);
     }
 }
