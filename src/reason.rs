@@ -27,25 +27,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, for the docs' list and its test.
-    pub const ALL: [Reason; 15] = [
-        Reason::PeersResolved,
-        Reason::PeerWaitTimeout,
-        Reason::ClusterTooLarge,
-        Reason::ClusterNotPublished,
-        Reason::PeerLost,
-        Reason::PeerReplaced,
-        Reason::OomKill,
-        Reason::PortConflict,
-        Reason::Stalled,
-        Reason::Restarting,
-        Reason::GpuCountMismatch,
-        Reason::GpuUnavailable,
-        Reason::GpuLost,
-        Reason::GpuResetRequired,
-        Reason::GpuXidError,
-    ];
-
     /// The reason as the API server stores it.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -78,10 +59,29 @@ impl std::fmt::Display for Reason {
 mod tests {
     use super::*;
 
+    /// Every reason.
+    const ALL: [Reason; 15] = [
+        Reason::PeersResolved,
+        Reason::PeerWaitTimeout,
+        Reason::ClusterTooLarge,
+        Reason::ClusterNotPublished,
+        Reason::PeerLost,
+        Reason::PeerReplaced,
+        Reason::OomKill,
+        Reason::PortConflict,
+        Reason::Stalled,
+        Reason::Restarting,
+        Reason::GpuCountMismatch,
+        Reason::GpuUnavailable,
+        Reason::GpuLost,
+        Reason::GpuResetRequired,
+        Reason::GpuXidError,
+    ];
+
     /// Each reason is a CamelCase word of its own, and no two are spelled alike.
     #[test]
     fn every_reason_is_spelled_once_in_camel_case() {
-        let all: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        let all: Vec<&str> = ALL.iter().map(|r| r.as_str()).collect();
         let mut unique = all.clone();
         unique.sort_unstable();
         unique.dedup();

@@ -43,11 +43,6 @@ impl Role {
         self == Role::Exec(Exec::HandOver)
     }
 
-    /// The sidecar of an exec that hands over.
-    pub fn relays(self) -> bool {
-        self == Role::Sidecar { relays: true }
-    }
-
     /// Who watches the peer pods through the API server: the sidecar, or exec with
     /// credentials (exec handing over learns of them from the sidecar).
     pub fn watches_peers(self) -> bool {
@@ -79,7 +74,5 @@ mod tests {
         ];
         let watches: Vec<bool> = all.iter().map(|r| r.watches_peers()).collect();
         assert_eq!(watches, [true, true, true, false]);
-        let relays: Vec<bool> = all.iter().map(|r| r.relays()).collect();
-        assert_eq!(relays, [false, true, false, false]);
     }
 }
