@@ -4,13 +4,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-# The tests' output goes to target/test.log too; each test skipped for a missing
+# The tests' output goes to target/$(2) too; each test skipped for a missing
 # prerequisite (TRAINLET_TEST_SKIP, docs/development.md) printed one SKIPPED line, and
 # `skipped: N` ends the output. The status is the tests' (pipefail).
-tested = set -o pipefail; mkdir -p target; $(1) 2>&1 | tee target/test.log; rc=$$?; \
-	grep '^SKIPPED ' target/test.log; echo "skipped: $$(grep -c '^SKIPPED ' target/test.log)"; exit $$rc
+tested = set -o pipefail; mkdir -p target; $(1) 2>&1 | tee target/$(2); rc=$$?; \
+	grep '^SKIPPED ' target/$(2); echo "skipped: $$(grep -c '^SKIPPED ' target/$(2))"; exit $$rc
 
-.PHONY: docs all build release portable monitoring test test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
+.PHONY: docs all build release portable monitoring test test-newest test-k8s-previous test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
 
 # The control plane of the node that tests/it/node_examples.rs starts: its own, since
 # on the shared one the node's scheduler and kubelet would take the other tests' pods.
@@ -68,11 +68,29 @@ node-down:
 node-smoke:
 	@tests/node/smoke
 
-## Every test. The image archive first: the node tests (tests/it/node_examples.rs) run
-## trainlet's containers from it, as shipped; it holds the portable binary, which
-## tests/it/glibc.rs checks. Ends with the count of skipped tests.
-test: deps control-plane image
-	@$(call tested,$(CARGO) test --no-fail-fast)
+## Every test, on the newest Kubernetes (tests/control-plane/versions); then the tests
+## whose outcome depends on the version again on the previous one (test-k8s-previous).
+## The image archive first: the node tests (tests/it/node_examples.rs) run trainlet's
+## containers from it, as shipped; it holds the portable binary, which tests/it/glibc.rs
+## checks. Each run ends with the count of skipped tests.
+test: test-newest test-k8s-previous
+
+test-newest: deps control-plane image
+	@$(call tested,$(CARGO) test --no-fail-fast,test.log)
+
+# What changed between the two versions: native sidecars (on by default since 1.29),
+# the guard policy (ValidatingAdmissionPolicy), WatchList (sendInitialEvents) and the
+# Job controller's index labels, each on a real control plane and node of that version.
+K8S_SENSITIVE := guard:: lifecycle::a_replaced_pod_restarts_every_peers_command_once_with_its_new_address \
+	init::the_api_server_streams_the_initial_pods \
+	node_pods::the_native_sidecar_starts_before_the_training_container_and_stops_after_it \
+	node_quickstart::
+
+## The version-sensitive tests on the previous Kubernetes (1.34): the control plane and
+## the node restart on that version (built once, cached like the newest).
+test-k8s-previous: deps image
+	@TRAINLET_K8S_VERSION=previous tests/control-plane/up >/dev/null
+	@$(call tested,TRAINLET_K8S_VERSION=previous $(CARGO) test --test it --no-fail-fast -- $(K8S_SENSITIVE),test-k8s-previous.log)
 
 ## The integration tests (tests/it/, without the real node's) while stress-ng keeps
 ## every core busy, to show that no test depends on a quiet machine. stress-ng stops
@@ -81,7 +99,7 @@ test-stress: deps control-plane portable
 	@$(CARGO) test --test it --no-run
 	@stress-ng --cpu $$(nproc) --timeout 3600s --quiet & stress=$$!; \
 	trap 'kill $$stress 2>/dev/null; wait $$stress 2>/dev/null' EXIT INT TERM; \
-	$(call tested,$(CARGO) test --test it --no-fail-fast -- --skip node_)
+	$(call tested,$(CARGO) test --test it --no-fail-fast -- --skip node_,test.log)
 
 ## The shipped examples on a real node (root): tests/it/node_examples.rs.
 node-examples: deps image

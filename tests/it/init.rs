@@ -963,3 +963,87 @@ async fn dns_addresses_that_never_resolve_exit_3_naming_the_peer() {
     );
     assert_eq!(list_dir(out.path()), Vec::<String>::new());
 }
+
+/// WatchList: `trainlet init` gets its selector's pods as the initial events of one
+/// watch (`sendInitialEvents`), not as a list plus a watch; the API server counts each
+/// such request in `apiserver_watch_list_duration_seconds`. Both versions the tests run
+/// serve it by default (`make test-k8s-previous` runs this on the previous one). On a
+/// control plane of its own, whose controllers watch no pods, so that the count is
+/// trainlet's alone.
+#[tokio::test]
+async fn the_api_server_streams_the_initial_pods() {
+    let cp =
+        PrivateControlPlane::start_with("watchlist", Some("serviceaccount,serviceaccount-token"));
+    let client = client_from(&cp.kubeconfig).await;
+    let ns = namespace(&client, "watchlist").await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for i in 0..2 {
+        pod(&format!("w-{i}"))
+            .labels("role=w")
+            .create(&client, &ns)
+            .await;
+        kubelet.run(&format!("w-{i}"), &format!("10.4.0.{i}")).await;
+    }
+    let before = watch_lists_of_pods(&cp);
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(&mut init_cmd(
+        &cp.kubeconfig,
+        &ns,
+        "w-0",
+        dir.path(),
+        &[
+            "--job",
+            "worker=role=w",
+            "--expect",
+            "worker=2",
+            "--timeout",
+            "60s",
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        read(dir.path(), "tf_config.json"),
+        "{\"cluster\":{\"worker\":[\"10.4.0.0:8470\",\"10.4.0.1:8470\"]},\"task\":{\"type\":\"worker\",\"index\":0}}\n"
+    );
+    assert!(
+        !r.stderr.contains("does not stream initial events"),
+        "init fell back to list + watch: {}",
+        r.stderr
+    );
+    assert_eq!(watch_lists_of_pods(&cp) - before, 1, "{}", r.stderr);
+}
+
+/// The API server's count of finished watch-list requests for pods (0 before the first).
+fn watch_lists_of_pods(cp: &PrivateControlPlane) -> u64 {
+    let file = |f: &str| {
+        std::fs::read_to_string(cp.dir.join(f))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let out = std::process::Command::new("curl")
+        .args(["-sSf", "--max-time", "10", "--cacert"])
+        .arg(cp.dir.join("pki/ca.crt"))
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", file("admin.token")))
+        .arg(format!(
+            "https://127.0.0.1:{}/metrics",
+            file("apiserver.port")
+        ))
+        .output()
+        .expect("curl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .find(|l| {
+            l.starts_with("apiserver_watch_list_duration_seconds_count{")
+                && l.contains("resource=\"pods\"")
+                && l.contains("scope=\"namespace\"")
+        })
+        .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+}
