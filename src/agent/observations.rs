@@ -257,14 +257,19 @@ impl Engine {
         let container = self.container_name();
         let now = SystemTime::now();
         let inbox = self.inbox.as_mut().expect("checked above");
-        if let Some((epoch, upto)) = inbox.seed_kills.take()
-            && epoch == o.epoch
-        {
-            for k in o.kills.iter().filter(|k| k.seq <= upto) {
-                self.probes
-                    .oom
-                    .ledger
-                    .record_cgroup(k.to_kill(&container), now);
+        if let Some((epoch, upto)) = inbox.seed_kills.take() {
+            if epoch == o.epoch {
+                for k in o.kills.iter().filter(|k| k.seq <= upto) {
+                    self.probes
+                        .oom
+                        .ledger
+                        .record_cgroup(k.to_kill(&container), now);
+                }
+            } else {
+                // exec started again since that report (its container was restarted,
+                // or the whole pod: Kubernetes' RestartAllContainers), with observations
+                // of its own: the kills the report counted are in no file any more.
+                self.probes.oom.ledger.carry(&container, upto);
             }
         }
         let news = handover::news(&mut inbox.published, &o);

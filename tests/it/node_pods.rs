@@ -1156,6 +1156,12 @@ exec sleep 3600";
             "current",
             "{name}"
         );
+        // In place: the kubelet restarted no container, trainlet-init ran once (not
+        // RestartAllContainers, which would run the pod's containers again from its
+        // init containers: docs/failure-handling.md says why).
+        for c in ["trainlet-init", "trainlet", "main"] {
+            assert_eq!(state(&now, c)["restartCount"], 0, "{name}: {c}");
+        }
     }
     let job = Api::<Job>::namespaced(on.client.clone(), &on.ns)
         .get("replace")
@@ -1337,5 +1343,119 @@ async fn address_dns_waits_for_coredns_and_the_trainers_connect_by_name() {
         assert_eq!(trainer_lines(&lines.join("\n")), want, "{pname}");
         assert_eq!(terminated(p, "main").0, 0);
     }
+    on.done().await;
+}
+
+/// 10. Kubernetes 1.36+'s `RestartAllContainers` container restart rule (KEP-5532, on by
+/// default since 1.36): the training container of pod 0 exits 42, which its rule turns
+/// into a restart of the whole pod in place (same pod, address and volumes), init
+/// containers first. trainlet-init runs again and resolves the same cluster (TF_CONFIG
+/// of both runs alike, the trainers then reach each other), and the restarted sidecar
+/// does not repeat the `OOMKill` Event of the first run, whose observation it reads
+/// again from the volume. Only on the newest version (not in `make test-k8s-previous`).
+#[tokio::test]
+async fn restart_all_containers_runs_trainlet_init_again_and_repeats_no_event() {
+    let on = require!(On::restricted("restart-all").await);
+    // Each run's lines also go to the pod's volume: the kubelet removes the containers of
+    // the first run, and their logs with them.
+    let script = "echo \"start: $TF_CONFIG\" >>/scratch/log
+if [ \"$JOB_COMPLETION_INDEX\" = 0 ] && [ ! -e /scratch/restarted ]; then
+  touch /scratch/restarted
+  memhog 10 & wait $!; echo \"memhog status $?\" >>/scratch/log
+  exit 42
+fi
+cat /scratch/log
+exec trainer --source tf --timeout 180";
+    let plain = plain_job(
+        "restart-all",
+        2,
+        main_container(&["sh", "-c", script], "96Mi"),
+    );
+    on.inject_and_apply(&plain, &[], |doc| {
+        let spec = pod_spec(doc);
+        spec["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "scratch", "emptyDir": {}}));
+        let main = &mut spec["containers"][0];
+        assert_eq!(main["name"], "main");
+        main["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "scratch", "mountPath": "/scratch"}));
+        main["restartPolicy"] = json!("Never");
+        main["restartPolicyRules"] = json!([{
+            "action": "RestartAllContainers",
+            "exitCodes": {"operator": "In", "values": [42]}
+        }]);
+    });
+    let end = on.job_end("restart-all").await;
+    assert_eq!(
+        (end.0.as_str(), end.1.as_str()),
+        ("Complete", "CompletionsReached"),
+        "{end:?}: {}",
+        describe_pods(&on.pods()).await
+    );
+    let pods = on.only_pods("restart-all", 2).await;
+    let ips: Vec<String> = pods.iter().map(ip).collect();
+    let tf = |i: usize| {
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"{}:8470\",\"{}:8470\"]}},\"task\":{{\"type\":\"worker\",\"index\":{i}}}}}",
+            ips[0], ips[1]
+        )
+    };
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    for (i, name) in names.iter().enumerate() {
+        let lines = on.cmd_lines(name, "main").await;
+        let log = lines.join("\n");
+        let starts: Vec<&String> = lines.iter().filter(|l| l.starts_with("start: ")).collect();
+        let want = format!("start: {}", tf(i));
+        if i == 0 {
+            assert_eq!(
+                lines[..3],
+                [want.clone(), "memhog status 137".to_string(), want],
+                "{name}: {log}"
+            );
+        } else {
+            assert_eq!(starts, [&want], "{name}: {log}");
+        }
+        let peer = 1 - i;
+        let mesh = mesh_lines(
+            &format!("worker:{i}"),
+            &format!("{}:8470", ips[i]),
+            &[(
+                format!("worker:{peer}"),
+                format!("{}:8470", ips[peer]),
+                ips[peer].clone(),
+            )],
+        );
+        let mut got = trainer_lines(&log);
+        got.sort();
+        let mut want = mesh;
+        want.sort();
+        assert_eq!(got, want, "{name}: {log}");
+    }
+    // Pod 0 ran its init container and its sidecar twice; pod 1 once.
+    let st = pods[0].status.clone().unwrap();
+    let restarted: Vec<(String, bool)> = st
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| (c.type_.clone(), c.status == "True"))
+        .filter(|(t, _)| t == "AllContainersRestarting")
+        .collect();
+    assert_eq!(
+        restarted,
+        [("AllContainersRestarting".to_string(), false)],
+        "{st:?}"
+    );
+    let resolved = on.events_of("PeersResolved").await;
+    let by: Vec<&str> = resolved.iter().map(|(_, _, p)| p.as_str()).collect();
+    assert_eq!(by, [&names[0], &names[0], &names[1]], "{resolved:?}");
+    // One OOM kill, one Event, although the sidecar that published it was restarted.
+    let oom = on.events_of("OOMKill").await;
+    assert_eq!(oom.len(), 1, "{oom:?}");
+    assert_eq!(oom[0].2, names[0]);
+    assert_eq!(pods[0].annotations()["trainlet.io/oom-kills"], "1");
     on.done().await;
 }

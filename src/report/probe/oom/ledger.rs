@@ -175,6 +175,17 @@ impl OomLedger {
         self.push(kill);
     }
 
+    /// Kills that an earlier reporter of this pod counted and that no source shows any
+    /// more (the training container's `trainlet exec` started again since, and its
+    /// observations with it): they stay counted, without their details, which their
+    /// Events keep.
+    pub fn carry(&mut self, container: &str, n: u64) {
+        if n > 0 {
+            *self.by_container.entry(container.to_string()).or_default() += n;
+            self.total += n;
+        }
+    }
+
     /// A kill seen in pod status. Returns the new kill, or `None` when it was counted
     /// already, happened before trainlet started, or matches a cgroup kill.
     pub fn record_status(
@@ -331,6 +342,25 @@ mod tests {
             serde_json::json!({"containerStatuses": [{"name": "trainer", "image": "i", "imageID": "", "ready": true, "restartCount": 1, "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}),
         );
         assert!(status_ooms(&err).is_empty());
+    }
+
+    #[test]
+    fn carried_kills_stay_counted_and_new_ones_add() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut ledger = OomLedger::new(t0);
+        ledger.carry("trainer", 0);
+        assert_eq!((ledger.total, ledger.by_container.len()), (0, 0));
+        ledger.carry("trainer", 2);
+        let s = StatusOom {
+            container: "trainer".into(),
+            key: "k1".into(),
+            finished_at: Some(t0 + Duration::from_secs(3)),
+            restart_count: 1,
+            exit_code: 137,
+        };
+        assert!(ledger.record_status(&s, None).is_some());
+        assert_eq!((ledger.total, ledger.by_container["trainer"]), (3, 3));
+        assert_eq!(ledger.kills.len(), 1, "a carried kill has no details");
     }
 
     #[test]
