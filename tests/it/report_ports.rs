@@ -334,9 +334,10 @@ fn isolated_sidecar(
 }
 
 /// A native sidecar starts before the training container. A port that is already
-/// listening then, by a process it cannot see, is a conflict (case 2), and stays one
-/// after the container starts; a port that starts listening after the container
-/// started is the container's own.
+/// listening then, by a process it cannot see, is a conflict (case 2) once the pod says
+/// when the container started (before that, its view of the pod may lag the kubelet,
+/// and nothing is judged), and stays one; a port that starts listening after the
+/// container started is the container's own.
 #[tokio::test]
 async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
     let client = admin().await;
@@ -351,6 +352,31 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
         .create(&client, &ns)
         .await;
     let r = require!(isolated_sidecar(&kc, &ns, "train-0"));
+    // Not started yet: the early port only listens.
+    eventually(
+        "the early port listening",
+        Duration::from_secs(20),
+        || async {
+            let a = annotations(&client, &ns, "train-0").await;
+            let r: serde_json::Value = serde_json::from_str(a.get("trainlet.io/report")?).ok()?;
+            r["ports"]
+                .as_array()?
+                .iter()
+                .any(|p| p["port"] == early_port && p["state"] == "listening")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(warnings(&client, &ns).await.is_empty());
+    // The container starts, to the second (the API's precision) after the second in
+    // which the sidecar saw the early port: that port was there before it.
+    let seen = SystemTime::now();
+    eventually("the next second", Duration::from_secs(5), || async {
+        (whole_seconds(SystemTime::now()) > whole_seconds(seen)).then_some(())
+    })
+    .await;
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
+    r.logged("the training container started").await;
     wait_annotation(
         &client,
         &ns,
@@ -365,16 +391,7 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
             "port {early_port} was already listening before container trainer started; trainer cannot listen on it"
         )
     );
-    // The container starts, then listens on its other port. Its start, to the second
-    // (the API's precision), is after the second in which the sidecar saw the early
-    // port: a listener seen within the start's second is the container's own.
-    let seen = SystemTime::now();
-    eventually("the next second", Duration::from_secs(5), || async {
-        (whole_seconds(SystemTime::now()) > whole_seconds(seen)).then_some(())
-    })
-    .await;
-    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
-    r.logged("the training container started").await;
+    // Then it listens on its other port: its own.
     let late = TcpListener::bind(("127.0.0.1", late_port)).unwrap();
     let report = eventually(
         "the late port listening",
@@ -413,7 +430,8 @@ async fn a_native_sidecar_flags_a_port_taken_before_the_container_started() {
 }
 
 /// With `hostNetwork: true`, an invisible process that held the port before the
-/// container started is something else on the node (case 3).
+/// container started is something else on the node (case 3), said once the pod gives
+/// the container's start.
 #[tokio::test]
 async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
     let client = admin().await;
@@ -427,6 +445,14 @@ async fn with_host_network_an_early_invisible_holder_is_on_the_node() {
         .create(&client, &ns)
         .await;
     let mut r = require!(isolated_sidecar(&kc, &ns, "train-0"));
+    r.logged("report: ").await;
+    let seen = SystemTime::now();
+    eventually("the next second", Duration::from_secs(5), || async {
+        (whole_seconds(SystemTime::now()) > whole_seconds(seen)).then_some(())
+    })
+    .await;
+    assert!(warnings(&client, &ns).await.is_empty());
+    Kubelet::new(&client, &ns).run("train-0", "10.1.0.5").await;
     assert_eq!(
         wait_warning(&client, &ns, "PortConflict").await,
         format!(

@@ -17,7 +17,6 @@ use crate::report::probe::ports::{self, ListenerFacts, Owner, PortState};
 #[derive(Debug, Clone)]
 struct SocketMemo {
     first_seen: SystemTime,
-    seen_before_start: bool,
     owner: Option<Owner>,
 }
 
@@ -117,14 +116,12 @@ impl Listeners {
             .collect();
         if !new.is_empty() {
             let owners = ports::owners(&self.proc_root, &new);
-            let not_started = cx.mode == Mode::Sidecar && cx.view.not_started(cx.container);
             let now = SystemTime::now();
             for inode in new {
                 self.sockets.insert(
                     inode,
                     SocketMemo {
                         first_seen: now,
-                        seen_before_start: not_started,
                         owner: owners.get(&inode).cloned(),
                     },
                 );
@@ -147,9 +144,7 @@ impl Listeners {
                         .and_then(|o| self.in_training(o.pid, &own_cgroup, cx));
                     let seen_before_start = match cx.mode {
                         Mode::Exec => self.pre_spawn.contains(&l.inode),
-                        Mode::Sidecar => {
-                            before_start(memo.first_seen, memo.seen_before_start, started_at)
-                        }
+                        Mode::Sidecar => before_start(memo.first_seen, started_at),
                     };
                     ListenerFacts {
                         inode: l.inode,
@@ -167,22 +162,16 @@ impl Listeners {
 }
 
 /// Whether a listener the sidecar first saw at `first_seen` was there before the
-/// training container started. Once the pod gives the container's start (the
-/// kubelet's time, to the second, the API's precision), that decides: first seen
-/// before that second began, it was there before; within it or later, it is the
-/// container's own, even where the sidecar's view of the pod still said "not started"
-/// when it first saw it (its watch lags the kubelet, and sshd or a fast trainer binds
-/// within milliseconds of its container's start). Until then, what the view said when
-/// the listener was first seen.
-fn before_start(
-    first_seen: SystemTime,
-    seen_while_not_started: bool,
-    started_at: Option<SystemTime>,
-) -> bool {
-    match started_at {
-        Some(s) => first_seen < s,
-        None => seen_while_not_started,
-    }
+/// training container started, judged once the pod gives the container's start (the
+/// kubelet's time, to the second, the API's precision): first seen before that second
+/// began, it was there before; within it or later, it is the container's own (sshd or
+/// a fast trainer binds within milliseconds of its container's start). Until the pod
+/// gives the start, nothing is judged: the sidecar's view of the pod lags the kubelet,
+/// so "not started yet" may be stale, and a port only matters to a container that runs;
+/// meanwhile `trainlet exec`, which scans before it starts the command and sees the
+/// owners the sidecar may not, hands over its own verdict.
+fn before_start(first_seen: SystemTime, started_at: Option<SystemTime>) -> bool {
+    started_at.is_some_and(|s| first_seen < s)
 }
 
 #[cfg(test)]
@@ -194,14 +183,13 @@ mod tests {
     #[test]
     fn a_listener_is_before_the_start_by_the_kubelets_second_once_the_pod_gives_it() {
         let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-        // Not started as far as the pod says: what the view said when first seen.
-        assert!(before_start(t(500), true, None));
-        assert!(!before_start(t(500), false, None));
+        // Not started as far as the pod says: not judged yet.
+        assert!(!before_start(t(500), None));
         // Started at 10.7 s, given as 10 s: seen at 9.9 s, it was there before; seen at
-        // 10.2 s while the view still said "not started", it is the container's own.
-        assert!(before_start(t(9_900), true, Some(t(10_000))));
-        assert!(!before_start(t(10_200), true, Some(t(10_000))));
-        assert!(!before_start(t(12_000), false, Some(t(10_000))));
+        // 10.2 s, it is the container's own.
+        assert!(before_start(t(9_900), Some(t(10_000))));
+        assert!(!before_start(t(10_200), Some(t(10_000))));
+        assert!(!before_start(t(12_000), Some(t(10_000))));
     }
 
     /// exec's tree is a snapshot of the last `--interval`: a listener CMD forked after
