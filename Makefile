@@ -50,10 +50,12 @@ deps:
 control-plane:
 	@tests/control-plane/up
 
-## Stops the control plane, and the node tests' node and control plane.
+## Stops the control plane, the node tests' node and control plane, and the cgroup v2
+## machine.
 down:
 	@tests/control-plane/down
 	@TRAINLET_CONTROL_PLANE_DIR=$(NODE_CONTROL_PLANE) tests/control-plane/down
+	@tests/node/cgroup2/down
 
 ## One real node on the control plane: containerd, runc, CNI bridge, kubelet,
 ## kube-scheduler and kube-proxy (tests/node/up; root, Linux). Prints the kubeconfig.
@@ -87,8 +89,10 @@ K8S_SENSITIVE := guard:: lifecycle::a_replaced_pod_restarts_every_peers_command_
 	node_quickstart::
 
 ## The version-sensitive tests on the previous Kubernetes (1.34): the control plane and
-## the node restart on that version (built once, cached like the newest).
+## the node restart on that version (built once, cached like the newest); the cgroup v2
+## machine, which they do not use, stops first.
 test-k8s-previous: deps image
+	@tests/node/cgroup2/down
 	@TRAINLET_K8S_VERSION=previous tests/control-plane/up >/dev/null
 	@$(call tested,TRAINLET_K8S_VERSION=previous $(CARGO) test --test it --no-fail-fast -- $(K8S_SENSITIVE),test-k8s-previous.log)
 

@@ -32,6 +32,9 @@
 //!    job to the last pod's TF_CONFIG written, trainlet's init container against a
 //!    hand-written kubectl one, and each container's peak memory from the kubelet's
 //!    cgroup (node.rs; `target/bench/results-node.json`).
+//! 9. recovery, on the same node: from a pod's deletion until every rank trains again
+//!    with the new cluster, trainlet's in-place restart against recreating every pod
+//!    (recovery.rs; `target/bench/results-recovery.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`. A run is kept by copying its JSON into docs/bench/;
@@ -52,6 +55,7 @@ mod metrics;
 mod node;
 mod oom;
 mod peers;
+mod recovery;
 mod report;
 mod resolve;
 mod robustness;

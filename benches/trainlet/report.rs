@@ -915,10 +915,63 @@ pub fn load_kept(name: &str) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// A kept run as markdown: the node scenario's file or a whole run's.
+/// The markdown of the recovery scenario.
+pub fn recovery_markdown(r: &Value) -> String {
+    let mut s = format!(
+        "Machine: {}. Kubernetes {}. Command: `{}`.\n",
+        r["machine"].as_str().unwrap_or(""),
+        r["kubernetes"].as_str().unwrap_or(""),
+        r["command"].as_str().unwrap_or("")
+    );
+    let m = &r["median_recovered_ms"];
+    let running = &r["median_replacement_running_ms"];
+    s += &format!(
+        "\n**Recovery from a replaced pod** ({}; from the deletion until every rank printed a step with the new cluster, median of {} runs each, alternating):\n\n",
+        r["job"].as_str().unwrap_or_default(),
+        r["rounds"]
+    );
+    s += "| recovery | every rank stepping again, ms (median) | each run, ms | replacement Running, ms (median) |\n|---|---|---|---|\n";
+    for (key, label) in [
+        ("in_place", "in place (`--on-peer-change restart`)"),
+        (
+            "recreate",
+            "recreate (every pod deleted, the Job makes them again)",
+        ),
+    ] {
+        let runs: Vec<String> = r["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| x["variant"] == key)
+            .map(|x| format!("{:.0}", x["recovered_ms"].as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        s += &format!(
+            "| {label} | {:.0} | {} | {:.0} |\n",
+            m[key].as_f64().unwrap_or(f64::NAN),
+            runs.join(", "),
+            running[key].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    s += &format!(
+        "\nRatio (in place / recreate): {}. In place, after the replacement reached Running: {:.0} ms (median).\n",
+        ratio(
+            m["ratio_in_place_over_recreate"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        ),
+        r["median_in_place_beyond_running_ms"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    );
+    s
+}
+
+/// A kept run as markdown: a node scenario's file or a whole run's.
 pub fn render(results: &Value) -> String {
     if results.get("median_last_written_ms").is_some() {
         node_markdown(results)
+    } else if results.get("median_recovered_ms").is_some() {
+        recovery_markdown(results)
     } else {
         markdown(results)
     }

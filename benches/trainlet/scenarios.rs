@@ -9,6 +9,7 @@ use crate::footprint;
 use crate::node;
 use crate::oom;
 use crate::peers;
+use crate::recovery;
 use crate::report;
 use crate::resolve::{self, Tool};
 use crate::robustness;
@@ -17,7 +18,7 @@ use crate::stall;
 use crate::support;
 
 pub async fn run_all() {
-    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node picks scenarios
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node,recovery picks scenarios
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
@@ -174,6 +175,13 @@ pub async fn run_all() {
     } else {
         None
     };
+    // The same node: recovery from a replaced pod, in place against recreating the job.
+    let recovered = if want("recovery") {
+        eprintln!("bench: recovery from a replaced pod, in place against recreating every pod");
+        recovery::run().await
+    } else {
+        None
+    };
 
     let results = json!({
         "machine": report::machine(),
@@ -189,9 +197,13 @@ pub async fn run_all() {
         "stall": stall_watch,
         "robustness": robust,
         "node": on_node,
+        "recovery": recovered,
     });
     report::write(&results);
     if let Some(n) = &on_node {
         println!("{}", report::node_markdown(n));
+    }
+    if let Some(r) = &recovered {
+        println!("{}", report::recovery_markdown(r));
     }
 }

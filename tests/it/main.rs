@@ -50,6 +50,7 @@ mod inject;
 mod launcher;
 mod lifecycle;
 mod monitoring;
+mod node_cgroup2;
 mod node_examples;
 mod node_pods;
 mod node_quickstart;
