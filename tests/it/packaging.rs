@@ -350,12 +350,15 @@ async fn the_service_account_has_exactly_the_role_rules_and_nothing_else() {
     apply_rbac(&ns);
     let user = format!("system:serviceaccount:{ns}:trainlet");
 
-    // What every authenticated user may do (self reviews and discovery): filtered out
-    // by name, so that anything else shows up below.
+    // What every authenticated user may do (self reviews and discovery; since 1.37,
+    // where ClusterTrustBundles are GA, reading those public CA bundles through
+    // system:cluster-trust-bundle-discovery): filtered out by name, so that anything
+    // else shows up below.
     let everyone: BTreeSet<&str> = [
         "selfsubjectreviews.authentication.k8s.io",
         "selfsubjectaccessreviews.authorization.k8s.io",
         "selfsubjectrulesreviews.authorization.k8s.io",
+        "clustertrustbundles.certificates.k8s.io",
     ]
     .into();
     let rows = can_i_list(&ns, &user);
