@@ -137,31 +137,11 @@ fn plain_job(run: &str, role: &str, n: usize, variant: Variant) -> Value {
 
 /// `trainlet inject` of one plain Job of the bench, both task types named.
 fn inject(kc: &Path, plain: &Value, run: &str) -> Value {
-    use std::io::Write;
-    let mut child = support::trainlet()
-        .args(["inject", "-f", "-", "--wrap", "main"])
-        .arg("--job")
-        .arg(format!("ps=batch.kubernetes.io/job-name={run}-ps"))
-        .arg("--job")
-        .arg(format!("worker=batch.kubernetes.io/job-name={run}-worker"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plain.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "trainlet inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut doc = support::as_json(kc, &String::from_utf8(out.stdout).unwrap());
+    let ps = format!("ps=batch.kubernetes.io/job-name={run}-ps");
+    let worker = format!("worker=batch.kubernetes.io/job-name={run}-worker");
+    let printed =
+        support::inject_printed(plain, &["--wrap", "main", "--job", &ps, "--job", &worker]);
+    let mut doc = support::as_json(kc, &printed);
     // `as_json` gives it the kubeconfig's namespace; it goes into the bench's.
     doc["metadata"].as_object_mut().unwrap().remove("namespace");
     doc

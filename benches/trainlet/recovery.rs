@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -68,7 +68,6 @@ impl Variant {
 
 /// The bench's Job, injected as a user does it.
 fn job(kc: &Path, name: &str, variant: Variant) -> Value {
-    use std::io::Write;
     let plain = json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -95,33 +94,12 @@ fn job(kc: &Path, name: &str, variant: Variant) -> Value {
             }
         }
     });
-    let mut cmd = support::trainlet();
-    cmd.args(["inject", "-f", "-", "--wrap", "main", "--job"])
-        .arg(format!("worker=batch.kubernetes.io/job-name={name}"));
+    let job = format!("worker=batch.kubernetes.io/job-name={name}");
+    let mut args = vec!["--wrap", "main", "--job", &job];
     if variant == Variant::InPlace {
-        cmd.args(["--on-peer-change", "restart"]);
+        args.extend(["--on-peer-change", "restart"]);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plain.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "trainlet inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut doc = support::as_json(kc, &String::from_utf8(out.stdout).unwrap());
-    doc["metadata"].as_object_mut().unwrap().remove("namespace");
-    doc
+    support::as_json(kc, &support::inject_printed(&plain, &args))
 }
 
 fn index(p: &Pod) -> usize {

@@ -140,20 +140,6 @@ impl PodView {
             .unwrap_or(false)
     }
 
-    /// Whether the container has not started yet, as far as the pod says.
-    pub fn not_started(&self, container: &str) -> bool {
-        if self.pod.is_none() {
-            return false;
-        }
-        match self.status(container) {
-            None => true,
-            Some(s) => s
-                .state
-                .as_ref()
-                .is_none_or(|st| st.running.is_none() && st.terminated.is_none()),
-        }
-    }
-
     /// When the container's current run started, or its last run, once it has ended:
     /// a watch that lags the kubelet may first see a short run (a launcher done in
     /// seconds) already terminated, and what listened in that run was still its own.

@@ -213,34 +213,14 @@ fn inject(kc: &Path, plain: &Value, flags: &[&str]) -> Value {
 
 /// The same, inject's output as it printed it (every document).
 fn inject_yaml(plain: &Value, flags: &[&str]) -> String {
-    use std::io::Write;
-    use std::process::Stdio;
     let name = plain["metadata"]["name"].as_str().unwrap();
     let wrap = plain["spec"]["template"]["spec"]["containers"][0]["name"]
         .as_str()
         .unwrap();
-    let mut cmd = trainlet();
-    cmd.args(["inject", "-f", "-", "--job"])
-        .arg(format!("worker=batch.kubernetes.io/job-name={name}"))
-        .args(["--wrap", wrap])
-        .args(flags)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plain.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "trainlet inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let job = format!("worker=batch.kubernetes.io/job-name={name}");
+    let mut args = vec!["--job", &job, "--wrap", wrap];
+    args.extend(flags);
+    inject_printed(plain, &args)
 }
 
 fn pod_spec(doc: &mut Value) -> &mut Value {

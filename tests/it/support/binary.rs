@@ -52,6 +52,19 @@ impl Run {
     }
 }
 
+/// Runs `cmd` to completion with `input` on its stdin, stdout and stderr captured.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Runs trainlet to completion (blocking), returning code and output.
 pub fn run(cmd: &mut Command) -> Run {
     Run::from_output(cmd.output().expect("spawn trainlet"))

@@ -19,6 +19,7 @@ use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
+use super::binary::{output_with_stdin, trainlet};
 use super::cluster::{kubectl_on, namespace_with_labels, repo};
 use super::skip::{Group, Missing, root};
 
@@ -189,26 +190,35 @@ pub fn advertise_gpus(kc: &Path) {
     }
 }
 
+/// `trainlet inject -f - ARGS` of `plain`, as inject printed it (every document),
+/// failing on an error.
+pub fn inject_printed(plain: &Value, args: &[&str]) -> String {
+    let out = output_with_stdin(
+        trainlet().args(["inject", "-f", "-"]).args(args),
+        plain.to_string().as_bytes(),
+    );
+    assert!(
+        out.status.success(),
+        "trainlet inject: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// The one object of a YAML file or of `kubectl kustomize`'s output, as kubectl reads
 /// it (go-yaml's rules, through `kubectl create --dry-run=client -o json`).
 pub fn as_json(kc: &Path, yaml: &str) -> Value {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kc)
-        .args(["create", "--dry-run=client", "-o", "json", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_with_stdin(
+        Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ]),
+        yaml.as_bytes(),
+    );
     assert!(
         out.status.success(),
         "kubectl create --dry-run=client: {}",
@@ -300,28 +310,18 @@ pub async fn restricted_namespace(kc: &Path, client: &Client, prefix: &str) -> S
 /// `kubectl apply -f -` of one object on the node's control plane, failing on an error
 /// or any warning (a Pod Security warning included); returns kubectl's stdout.
 pub fn apply_clean(kc: &Path, ns: &str, doc: &Value) -> String {
-    use std::io::Write;
     // `as_json` gives objects the kubeconfig's namespace; they go into `ns`.
     let mut doc = doc.clone();
     if let Some(m) = doc["metadata"].as_object_mut() {
         m.remove("namespace");
     }
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kc)
-        .args(["apply", "-n", ns, "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(doc.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_with_stdin(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kc)
+            .args(["apply", "-n", ns, "-f", "-"]),
+        doc.to_string().as_bytes(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "kubectl apply failed:\n{stderr}");
     assert!(
