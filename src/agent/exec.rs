@@ -230,10 +230,19 @@ impl Reporter for Engine {
         self.refresh();
     }
 
-    async fn finish(&mut self, code: i32) -> Option<String> {
+    async fn finish(
+        &mut self,
+        code: i32,
+        (cmd_pid, cmd_exit): (u32, Option<i32>),
+    ) -> Option<String> {
         self.probes.gpus.stop_events();
         // CMD is gone: one last look at the counters (CMD itself may have been the
-        // victim), then the last report.
+        // victim), then the last report. A CMD that ended by itself (a DataLoader
+        // worker's kill makes the training script fail at once) was not the victim of
+        // the kill the counters show: only SIGKILL is.
+        if cmd_exit.is_some_and(|c| c != 128 + crate::signal::SIGKILL) {
+            self.probes.oom.ended_by_itself(cmd_pid);
+        }
         self.check_oom(false).await;
         // What CMD printed last may have ended a stall.
         self.check_progress(true);

@@ -67,7 +67,8 @@ pub trait Reporter {
     /// from now.
     fn started_again(&mut self);
     /// CMD is gone for good: the last report; the last OOM kill among CMD's processes.
-    async fn finish(&mut self, code: i32) -> Option<String>;
+    /// `cmd`: CMD's pid and how it ended (its exit status, or 128+signal).
+    async fn finish(&mut self, code: i32, cmd: (u32, Option<i32>)) -> Option<String>;
 }
 
 /// How CMD ended under `exec --report`.
@@ -295,7 +296,7 @@ impl Supervisor {
             (Some(_), None) => life.exit_code as i32,
             (None, None) => self.cmd.exit.unwrap_or(Code::Internal as i32),
         };
-        let oom = reporter.finish(code).await;
+        let oom = reporter.finish(code, (self.cmd.pid, self.cmd.exit)).await;
         Ended {
             code,
             oom,

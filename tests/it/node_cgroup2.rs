@@ -36,45 +36,39 @@ fn machine() -> Result<(), Missing> {
     .clone()
 }
 
-/// Runs a shell script in the machine: its exit status and output.
-fn in_machine(script: &str) -> (i32, String) {
-    use std::io::Write;
-    let mut child = Command::new(repo().join("tests/node/cgroup2/exec"))
-        .args(["-t", "300"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    )
+/// Runs a shell script in the machine; its output, once it exited 0.
+fn in_machine(script: &str) -> String {
+    let out = output_with_stdin(
+        Command::new(repo().join("tests/node/cgroup2/exec")).args(["-t", "300"]),
+        script.as_bytes(),
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    text
 }
 
 /// `trainlet exec --report --observations` in a new cgroup with `memory.max` 96 MiB and
 /// `memory.oom.group` `group`, CMD starting the memory hog in the background and
-/// exiting 3 after it ended. Prints, each after a marker line: exec's status, the
-/// hog's pid, what exec handed over, `memory.events`, and the kernel's lines.
-fn run_oom(group: u8) -> (i32, String) {
+/// exiting 3 as soon as it ended (exec looks at the counters once more when CMD ends).
+/// Prints, each after a marker line: exec's status, the hog's pid, what exec handed
+/// over, `memory.events`, and the kernel's lines.
+fn run_oom(group: u8) -> String {
     // One at a time: the machine has one kernel log, which each run clears and reads.
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     let trainlet = env!("CARGO_BIN_EXE_trainlet");
     let hog = memhog().display().to_string();
-    let (code, out) = in_machine(&format!(
+    in_machine(&format!(
         r#"set -e
 cg=/sys/fs/cgroup/trainlet-oom-{group}
 t=/tmp/trainlet-oom-{group}
 rmdir $cg 2>/dev/null || true
 rm -rf $t && mkdir -p $t/files $t/observed
+# Copies, read anew: the machine caches the pages of the programs it ran from the host
+# (9p, cache=mmap), and a rebuilt binary at the same path would mix old and new pages.
+cp {trainlet} $t/trainlet
+cp {hog} $t/memhog
 mkdir $cg
 echo 96M >$cg/memory.max
 echo 0 >$cg/memory.swap.max
@@ -82,7 +76,7 @@ echo {group} >$cg/memory.oom.group
 printf '%s\n' '{{"cluster":{{"worker":["127.0.0.1:8470"]}},"task":{{"type":"worker","index":0}}}}' >$t/files/tf_config.json
 dmesg -C
 set +e
-sh -c 'echo $$ >'$cg'/cgroup.procs; exec {trainlet} exec --report --observations '$t'/observed --output-dir '$t'/files --pod-name train-0 --pod-namespace ml --interval 200ms -- sh -c "{hog} 10 & echo \$! >'$t'/hog.pid; wait \$!; echo hog-status=\$? >&2; sleep 2; exit 3"' 2>$t/exec.log
+sh -c 'echo $$ >'$cg'/cgroup.procs; exec '$t'/trainlet exec --report --observations '$t'/observed --output-dir '$t'/files --pod-name train-0 --pod-namespace ml --interval 200ms -- sh -c "'$t'/memhog 10 & echo \$! >'$t'/hog.pid; wait \$!; echo hog-status=\$? >&2; exit 3"' 2>$t/exec.log
 echo "=== exec $?"
 echo "=== hog $(cat $t/hog.pid)"
 echo "=== observed"; cat $t/observed/exec.json; echo
@@ -91,8 +85,7 @@ echo "=== kernel"; dmesg | grep -E 'Killed process|memory.oom.group' | sed 's/^\
 echo "=== log"; cat $t/exec.log
 rmdir $cg
 "#
-    ));
-    (code, out)
+    ))
 }
 
 /// The text after `=== name` up to the next marker.
@@ -116,8 +109,7 @@ fn head<'a>(out: &'a str, name: &str) -> &'a str {
 #[test]
 fn a_child_oom_killed_on_cgroup_v2_is_named_by_exec() {
     require!(machine());
-    let (code, out) = run_oom(0);
-    assert_eq!(code, 0, "{out}");
+    let out = run_oom(0);
     let pid = head(&out, "hog");
     assert_eq!(head(&out, "exec"), "3", "{out}");
     assert!(part(&out, "log").contains("hog-status=137"), "{out}");
@@ -151,8 +143,7 @@ fn a_child_oom_killed_on_cgroup_v2_is_named_by_exec() {
 #[test]
 fn a_group_oom_kill_on_cgroup_v2_takes_exec_with_it() {
     require!(machine());
-    let (code, out) = run_oom(1);
-    assert_eq!(code, 0, "{out}");
+    let out = run_oom(1);
     let pid = head(&out, "hog");
     assert_eq!(head(&out, "exec"), "137", "{out}");
     let events = part(&out, "events");

@@ -173,6 +173,30 @@ pub fn is_under(proc_root: &Path, pid: u32, root: u32) -> bool {
 }
 
 /// Whether a pid is gone or a zombie: both mean the process was killed or exited.
+/// Whether `pid` is a zombie that ended by itself: its exit status (`/proc/<pid>/stat`
+/// field 52, as `waitpid` gives it) is an exit code, or a signal other than SIGKILL,
+/// the only one the OOM killer sends. Such a process is no OOM victim.
+pub fn ended_by_itself(proc_root: &Path, pid: u32) -> bool {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
+        .ok()
+        .and_then(|s| zombie_status(&s))
+        .is_some_and(|status| status & 0x7f != 9)
+}
+
+/// A zombie's exit status from the text of its `/proc/<pid>/stat`; `None` for a live
+/// process or a kernel without the field (before 3.5).
+fn zombie_status(text: &str) -> Option<i32> {
+    let rest: Vec<&str> = text
+        .get(text.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    if rest.first()? != &"Z" {
+        return None;
+    }
+    // Field 52; `rest` starts at field 3 (the state).
+    rest.get(49)?.parse().ok()
+}
+
 pub fn is_gone(proc_root: &Path, pid: u32, page_size: u64) -> bool {
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
         Ok(s) => parse_stat(&s, page_size).is_none_or(|p| p.state == 'Z' || p.state == 'X'),
@@ -184,6 +208,21 @@ pub fn is_gone(proc_root: &Path, pid: u32, page_size: u64) -> bool {
 pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_zombies_status_says_whether_it_ended_by_itself() {
+        // 52 fields; the state is field 3, the exit status field 52.
+        let stat = |state: &str, status: i32| {
+            let mut f: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
+            f[0] = state.to_string();
+            f[49] = status.to_string();
+            format!("42 (sh) {}", f.join(" "))
+        };
+        assert_eq!(zombie_status(&stat("Z", 3 << 8)), Some(768));
+        assert_eq!(zombie_status(&stat("Z", 9)), Some(9));
+        assert_eq!(zombie_status(&stat("S", 0)), None);
+        assert_eq!(zombie_status("42 (sh) Z 1 2"), None);
+    }
 
     #[test]
     fn ancestry_reaches_the_root_through_any_depth_and_stops_at_init() {

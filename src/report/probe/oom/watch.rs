@@ -312,6 +312,12 @@ impl OomWatch {
             .retain(|_, p| now.duration_since(p.seen) <= RECENT);
     }
 
+    /// Exec mode: a process of the tree that was reaped with a status other than a
+    /// SIGKILL's is no OOM victim, even if a kill the counters show later finds it gone.
+    pub fn ended_by_itself(&mut self, pid: u32) {
+        self.recent.remove(&pid);
+    }
+
     /// Kills that pod status shows (OOMKilled terminations), not yet in the ledger.
     pub fn record_status(&mut self, view: &PodView, training: Option<&str>) -> Vec<OomKill> {
         let Some(pod) = view.pod.as_ref() else {
@@ -395,9 +401,16 @@ impl OomWatch {
                     .copied()
                     .filter(|pid| procs::is_gone(&self.proc_root, *pid, self.page_size))
                     .collect();
+                // A zombie that exited (CMD failing at once when its worker was
+                // killed) is gone, but no victim.
+                let victims: BTreeSet<u32> = gone
+                    .iter()
+                    .copied()
+                    .filter(|pid| !procs::ended_by_itself(&self.proc_root, *pid))
+                    .collect();
                 picked = procs::pick_victims(
                     &self.recent,
-                    &gone,
+                    &victims,
                     since,
                     kills as usize,
                     attempt >= VICTIM_FIRST_CHOICE_TRIES,
