@@ -48,7 +48,7 @@ pub(super) enum Input {
 
 /// The loop's own state between inputs: the pod watch and the timers.
 pub(super) struct Wake {
-    pods: Option<BoxStream<'static, Result<Pod, watcher::Error>>>,
+    pub(super) pods: Option<BoxStream<'static, Result<Pod, watcher::Error>>>,
     next_probe: Instant,
     next_fast: Instant,
     next_growth: Instant,

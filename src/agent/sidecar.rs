@@ -3,10 +3,12 @@
 //! cluster stands (and the files moved for a restart) out.
 
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tracing::{info, warn};
 
+use super::input::{Input, Wake};
+use super::link::next_pod;
 use super::{Config, Engine, ReportError};
 use crate::cluster::drift::{self, ClusterStatus};
 use crate::flags;
@@ -48,13 +50,51 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// How long a stopping sidecar waits for the pod to say how the training container
+/// ended.
+const LAST_LOOK: Duration = Duration::from_secs(5);
+
 impl Engine {
-    /// The sidecar's loop: until a stop signal or `--exit-with-main`.
+    /// The sidecar's loop: until a stop signal or `--exit-with-main`; then, if the pod
+    /// still shows the training container running, its last look.
     async fn run(&mut self, signals: &mut Signals) {
         let mut wake = self.wake();
         while !self.life.stop {
             let input = self.next_input(&mut wake, signals).await;
             self.on_input(input, &mut wake, None).await;
+        }
+        self.last_look(&mut wake).await;
+    }
+
+    /// The kubelet stops a native sidecar once the training container has ended, and
+    /// writes how it ended to the pod on its own schedule, which may come after the
+    /// SIGTERM. When everything in the training container died at once (the kubelet's
+    /// default on cgroup v2 kills a container's every process on an OOM kill, `trainlet
+    /// exec` with them) only the pod status tells of it: so the pod is watched up to
+    /// [`LAST_LOOK`] for the container's end before the last report goes out.
+    async fn last_look(&mut self, wake: &mut Wake) {
+        let container = self.container_name();
+        let ended = |e: &Engine| {
+            e.view.finished(&container)
+                || e.view
+                    .status(&container)
+                    .is_none_or(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+        };
+        if ended(self) {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + LAST_LOOK;
+        while !ended(self) {
+            tokio::select! {
+                ev = next_pod(&mut wake.pods) => {
+                    let Some(ev) = ev else { return };
+                    self.on_input(Input::Pod(Some(ev)), wake, None).await;
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    warn!(container = %container, "stopping before the pod says how the training container ended");
+                    return;
+                }
+            }
         }
     }
 }

@@ -292,6 +292,7 @@ mod tests {
             uid: format!("u{i}"),
             namespace: "ns".into(),
             pod_ip: ip.map(Into::into),
+            slot: String::new(),
         };
         let cluster = Cluster {
             tasks: [(

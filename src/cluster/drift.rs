@@ -718,6 +718,7 @@ mod tests {
             uid: format!("uid-{i}"),
             namespace: "ml".into(),
             pod_ip: None,
+            slot: String::new(),
         }
     }
 

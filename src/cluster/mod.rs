@@ -180,6 +180,11 @@ pub struct Peer {
     /// resolve to with `--address dns`. Not part of a peer's identity.
     #[serde(skip)]
     pub pod_ip: Option<String>,
+    /// What its replacement will share with it ([`drift::slot`]), from the pod's labels
+    /// when resolved: the peer watch recognises the replacement of a pod that was gone
+    /// before the watch first listed the pods. Not part of a peer's identity.
+    #[serde(skip)]
+    pub slot: String,
 }
 
 impl PartialEq for Peer {

@@ -259,6 +259,7 @@ pub fn decode(text: &str, namespace: &str) -> Result<Resolution, PublishedError>
                 uid,
                 namespace: namespace.to_string(),
                 pod_ip: None,
+                slot: String::new(),
             })
             .collect();
         if cluster.tasks.insert(task_type.clone(), peers).is_some() {
@@ -372,6 +373,7 @@ mod tests {
             uid: uid.into(),
             namespace: "ml".into(),
             pod_ip: None,
+            slot: String::new(),
         }
     }
 
@@ -483,6 +485,7 @@ mod tests {
                     uid: uid(i),
                     namespace: "ml".into(),
                     pod_ip: None,
+                    slot: String::new(),
                 }
             })
             .collect();

@@ -273,6 +273,7 @@ impl Resolver {
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
+            slot: super::drift::slot(&p.metadata),
         })
     }
 

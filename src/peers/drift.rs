@@ -415,7 +415,7 @@ fn resolved_of(file: &render::ClusterFile) -> Vec<Resolved> {
             index: p.index,
             name: p.name.clone(),
             uid: p.uid.clone(),
-            slot: String::new(),
+            slot: p.slot.clone(),
             address: p.address.clone(),
         })
         .collect()
@@ -433,6 +433,7 @@ fn peers_of(file: &render::ClusterFile) -> Vec<Peer> {
             uid: p.uid.clone(),
             namespace: String::new(),
             pod_ip: None,
+            slot: p.slot.clone(),
         })
         .collect()
 }
@@ -440,4 +441,46 @@ fn peers_of(file: &render::ClusterFile) -> Vec<Peer> {
 /// The next peer event, or never without a watch.
 pub async fn next_event(w: &mut Option<PeerWatch>) -> Option<(usize, PeerEvent)> {
     crate::stream::next_or_pending(&mut w.as_mut().and_then(|w| w.events.as_mut())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer deleted before the watch first listed the pods is never seen alive: its
+    /// replacement is known by the slot that init recorded in cluster.json.
+    #[test]
+    fn the_resolved_tasks_carry_the_slots_init_recorded() {
+        let file: render::ClusterFile = serde_json::from_value(serde_json::json!({
+            "cluster": {"worker": ["10.0.0.6:8470", "10.0.0.7:8470"]},
+            "task": {"type": "worker", "index": 1},
+            "master": "grpc://10.0.0.6:8470",
+            "peers": [
+                {"name": "w-0-aaaa", "type": "worker", "index": 0, "address": "10.0.0.6:8470",
+                 "node": "n1", "uid": "u0", "slot": "job/w/0"},
+                {"name": "w-1-aaaa", "type": "worker", "index": 1, "address": "10.0.0.7:8470",
+                 "node": "n2", "uid": "u1", "slot": "job/w/1"}
+            ],
+            "resolved_at": "2026-01-01T00:00:00Z",
+            "waited_seconds": 0.0
+        }))
+        .unwrap();
+        let resolved = resolved_of(&file);
+        assert_eq!(resolved.len(), 1, "the own task is left out");
+        assert_eq!(resolved[0].slot, "job/w/0");
+        let replacement = crate::cluster::drift::Live {
+            name: "w-0-bbbb".into(),
+            uid: "u0b".into(),
+            slot: "job/w/0".into(),
+            ip: Some("10.0.0.19".into()),
+            phase: Some("Running".into()),
+            deleting: false,
+            node: Some("n1".into()),
+            progress: None,
+        };
+        assert_eq!(
+            drift::annotation(&drift::assess(&resolved, [&replacement])),
+            "stale: worker/0 10.0.0.6 → 10.0.0.19"
+        );
+    }
 }

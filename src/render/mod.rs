@@ -180,6 +180,11 @@ pub struct PeerEntry {
     pub address: String,
     pub node: Option<String>,
     pub uid: String,
+    /// What the pod's replacement shares with it (`job/<job>/<index>`); absent in a
+    /// file written before it was recorded, or where the cluster came from a resolver
+    /// pod's annotation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub slot: String,
 }
 
 impl From<&Peer> for PeerEntry {
@@ -191,6 +196,7 @@ impl From<&Peer> for PeerEntry {
             address: p.address.clone(),
             node: p.node.clone(),
             uid: p.uid.clone(),
+            slot: p.slot.clone(),
         }
     }
 }
@@ -403,6 +409,7 @@ mod tests {
             uid: format!("u-{t}-{i}"),
             namespace: "ns".into(),
             pod_ip: None,
+            slot: format!("job/{t}/{i}"),
         };
         let mut c = Cluster::default();
         c.tasks.insert(
@@ -486,6 +493,15 @@ mod tests {
             serde_json::json!(["ps/0", "worker/0", "worker/1"])
         );
         assert_eq!(v["rank"], 1);
+        // Each pod's slot, for the peer watch to know its replacement by; a file from
+        // before slots reads as none.
+        assert_eq!(v["peers"][2]["slot"], "job/worker/1");
+        let read: ClusterFile = serde_json::from_str(&s).unwrap();
+        assert_eq!(read.peers[2].slot, "job/worker/1");
+        let mut old = v.clone();
+        old["peers"][2].as_object_mut().unwrap().remove("slot");
+        let read: ClusterFile = serde_json::from_value(old).unwrap();
+        assert_eq!(read.peers[2].slot, "");
     }
 
     /// The sidecar's move of a replaced task: every file init wrote names the new

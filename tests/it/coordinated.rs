@@ -305,6 +305,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
             uid: uid.into(),
             namespace: ns.clone(),
             pod_ip: None,
+            slot: String::new(),
         };
     let port = free_port().to_string();
     let encode = |workers: Vec<trainlet::cluster::Peer>| {

@@ -51,6 +51,7 @@ mod tests {
             uid: format!("u{i}"),
             namespace: "ns".into(),
             pod_ip: None,
+            slot: String::new(),
         };
         c.tasks.insert(
             "worker".into(),

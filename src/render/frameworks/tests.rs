@@ -17,6 +17,7 @@ fn cluster(types: &[(&str, &[&str])]) -> Cluster {
                 uid: format!("uid-{t}-{i}"),
                 namespace: "ns".into(),
                 pod_ip: None,
+                slot: String::new(),
             })
             .collect();
         c.tasks.insert(t.to_string(), peers);
