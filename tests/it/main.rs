@@ -55,6 +55,7 @@ mod node_examples;
 mod node_pods;
 mod node_quickstart;
 mod node_stall;
+mod node_two;
 mod packaging;
 mod peer_watch;
 mod readme;

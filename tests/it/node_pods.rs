@@ -47,7 +47,7 @@ impl On {
         Ok(On { kc, client, ns })
     }
 
-    fn pods(&self) -> Api<Pod> {
+    pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
@@ -68,6 +68,15 @@ impl On {
     /// Waits until the Job has ended (Complete or Failed) and returns that condition's
     /// (type, reason, message); the pods' states and logs on a timeout.
     pub(crate) async fn job_end(&self, job: &str) -> (String, String, String) {
+        self.job_end_within(job, JOB_TIMEOUT).await
+    }
+
+    /// The same, with a deadline of its own (pods on the emulated cgroup v2 node).
+    pub(crate) async fn job_end_within(
+        &self,
+        job: &str,
+        timeout: Duration,
+    ) -> (String, String, String) {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.ns);
         let start = Instant::now();
         loop {
@@ -88,8 +97,8 @@ impl On {
                 );
             }
             assert!(
-                start.elapsed() < JOB_TIMEOUT,
-                "Job {job} did not end within {JOB_TIMEOUT:?}; its pods:\n{}",
+                start.elapsed() < timeout,
+                "Job {job} did not end within {timeout:?}; its pods:\n{}",
                 describe_pods(&self.pods()).await
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -110,7 +119,7 @@ impl On {
     }
 
     /// A container's log, with `timestamps` when asked; empty while it has not started.
-    async fn log(&self, pod: &str, container: &str, timestamps: bool) -> String {
+    pub(crate) async fn log(&self, pod: &str, container: &str, timestamps: bool) -> String {
         let lp = LogParams {
             container: Some(container.to_string()),
             timestamps,
@@ -148,7 +157,7 @@ impl On {
 }
 
 /// trainlet's own log lines: an RFC 3339 time, then the level.
-fn is_trainlet_line(l: &str) -> bool {
+pub(crate) fn is_trainlet_line(l: &str) -> bool {
     let mut f = l.split_whitespace();
     f.next().is_some_and(|t| t.len() > 20 && t.ends_with('Z'))
         && f.next()
@@ -223,12 +232,12 @@ fn inject_yaml(plain: &Value, flags: &[&str]) -> String {
     inject_printed(plain, &args)
 }
 
-fn pod_spec(doc: &mut Value) -> &mut Value {
+pub(crate) fn pod_spec(doc: &mut Value) -> &mut Value {
     &mut doc["spec"]["template"]["spec"]
 }
 
 /// The state of a container (init or regular) in a pod's status, as JSON.
-fn state(p: &Pod, container: &str) -> Value {
+pub(crate) fn state(p: &Pod, container: &str) -> Value {
     let st = p.status.clone().unwrap();
     let c = st
         .init_container_statuses
@@ -244,7 +253,7 @@ fn state(p: &Pod, container: &str) -> Value {
 
 /// `terminated` of a container's state without its containerID and times:
 /// (exitCode, reason, message).
-fn terminated(p: &Pod, container: &str) -> (i64, String, Option<String>) {
+pub(crate) fn terminated(p: &Pod, container: &str) -> (i64, String, Option<String>) {
     let s = state(p, container);
     let t = &s["terminated"];
     assert!(t.is_object(), "{}: {container} is {s}", p.name_any());
@@ -255,7 +264,7 @@ fn terminated(p: &Pod, container: &str) -> (i64, String, Option<String>) {
     )
 }
 
-fn ip(p: &Pod) -> String {
+pub(crate) fn ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
 
@@ -268,7 +277,7 @@ fn log_time(line: &str) -> (String, u32) {
     (secs.to_string(), nanos)
 }
 
-fn report(p: &Pod) -> Value {
+pub(crate) fn report(p: &Pod) -> Value {
     serde_json::from_str(&p.annotations()["trainlet.io/report"]).unwrap()
 }
 

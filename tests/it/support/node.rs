@@ -92,6 +92,44 @@ pub fn node() -> Result<&'static Path, Missing> {
     .map_err(Clone::clone)
 }
 
+/// The second node, on cgroup v2 with containerd 2 (`tests/node/up --cgroup2`:
+/// tests/node/cgroup2/kubelet), joined to [`node`]'s cluster: node `trainlet-cgroup2`,
+/// tainted [`CGROUP2_TAINT`], labelled `trainlet.test/node=cgroup2`, pods from
+/// 10.244.1.0/24. Started once per process; returns the same kubeconfig as [`node`].
+pub fn cgroup2_node() -> Result<&'static Path, Missing> {
+    static NODE: OnceLock<Result<(), Missing>> = OnceLock::new();
+    let kc = node()?;
+    NODE.get_or_init(|| {
+        cgroup2_kubelet(kc, false);
+        Ok(())
+    })
+    .clone()
+    .map(|()| kc)
+}
+
+/// What a pod tolerates to run on the cgroup v2 node.
+pub const CGROUP2_TAINT: &str = "trainlet.test/cgroup2";
+
+/// (Re)starts the cgroup v2 node's kubelet with `singleProcessOOMKill` as given, and
+/// returns once the node is Ready under it (tests/node/cgroup2/kubelet).
+pub fn cgroup2_kubelet(kc: &Path, single_process_oom_kill: bool) {
+    let script = repo().join("tests/node/cgroup2/kubelet");
+    let out = Command::new(&script)
+        .arg(kc)
+        .arg(format!(
+            "--single-process-oom-kill={single_process_oom_kill}"
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "the cgroup v2 node could not be started ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn image_archive() -> PathBuf {
     repo().join(format!(
         "target/image/trainlet-{}.tar",
