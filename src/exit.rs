@@ -35,6 +35,10 @@ pub enum Code {
     /// worker's failure, and the root cause it left names no permanent error; exec
     /// exits 9 instead of 1, so that a failure policy retries the pod. Retryable.
     LauncherFailed = 9,
+    /// `init --preflight`: a pod of the job could not reach its neighbour in the ring,
+    /// or was not reached by it: the network between the pods does not carry the job's
+    /// traffic. Nothing was written. Retryable: a replacement may land where it does.
+    PeerUnreachable = 10,
     /// `exec`: the command exists but cannot be executed (as in shells).
     CannotExecute = 126,
     /// `exec`: the command was not found (as in shells).
@@ -45,7 +49,7 @@ impl Code {
     /// Every code, in order: `trainlet --help` (and so docs/flags.md) lists them from
     /// here, and a test checks that the README's and docs/failure-handling.md's tables
     /// have a row for each.
-    pub const ALL: [Code; 12] = [
+    pub const ALL: [Code; 13] = [
         Code::Ok,
         Code::Internal,
         Code::Usage,
@@ -56,6 +60,7 @@ impl Code {
         Code::PeerChanged,
         Code::Stalled,
         Code::LauncherFailed,
+        Code::PeerUnreachable,
         Code::CannotExecute,
         Code::CommandNotFound,
     ];
@@ -78,6 +83,9 @@ impl Code {
             }
             Code::LauncherFailed => {
                 "(exec --report) a launcher (torchrun, mpirun, deepspeed, accelerate) exited 1 and its root cause is not a permanent error"
+            }
+            Code::PeerUnreachable => {
+                "(init --preflight) a peer could not be reached, or did not reach this pod"
             }
             Code::CannotExecute => "(exec) CMD cannot be executed",
             Code::CommandNotFound => "(exec) CMD not found",
@@ -105,7 +113,8 @@ impl From<Code> for std::process::ExitCode {
 
 /// trainlet-init's codes that are permanent: invalid flags (2), inconsistent peers (5),
 /// an internal failure (1). Its other failures are retryable: peers not ready before
-/// the timeout (3), an API error (4), a port taken on this node (6).
+/// the timeout (3), an API error (4), a port taken on this node (6), a peer the
+/// pre-flight could not reach (10).
 pub const INIT_PERMANENT: [i32; 3] = [
     Code::Internal as i32,
     Code::Usage as i32,
@@ -211,10 +220,10 @@ mod tests {
     #[test]
     fn the_summary_lists_every_code_in_order() {
         let numbers: Vec<u8> = Code::ALL.iter().map(|c| *c as u8).collect();
-        assert_eq!(numbers, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 126, 127]);
+        assert_eq!(numbers, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 126, 127]);
         assert_eq!(
             summary(),
-            "Exit codes: 0 success, 1 internal failure (a local I/O error), 2 invalid flags or configuration (status: no such job), 3 peers not ready, 4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer changed and --on-peer-change exit (or restart past --max-restarts) ended CMD, 8 (exec) CMD made no progress for --stall-after and --on-stall exit (or restart past --max-restarts) ended it, 9 (exec --report) a launcher (torchrun, mpirun, deepspeed, accelerate) exited 1 and its root cause is not a permanent error, 126 (exec) CMD cannot be executed, 127 (exec) CMD not found. Otherwise exec exits with CMD's code, or 128 + the signal that killed it."
+            "Exit codes: 0 success, 1 internal failure (a local I/O error), 2 invalid flags or configuration (status: no such job), 3 peers not ready, 4 Kubernetes API error, 5 inconsistent peers, 6 port conflict, 7 (exec) a peer changed and --on-peer-change exit (or restart past --max-restarts) ended CMD, 8 (exec) CMD made no progress for --stall-after and --on-stall exit (or restart past --max-restarts) ended it, 9 (exec --report) a launcher (torchrun, mpirun, deepspeed, accelerate) exited 1 and its root cause is not a permanent error, 10 (init --preflight) a peer could not be reached, or did not reach this pod, 126 (exec) CMD cannot be executed, 127 (exec) CMD not found. Otherwise exec exits with CMD's code, or 128 + the signal that killed it."
         );
     }
 }

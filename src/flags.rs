@@ -60,6 +60,7 @@ pub const NNODES: &str = "nnodes";
 pub const MASTER_PORT: &str = "master-port";
 pub const COORDINATOR_PORT: &str = "coordinator-port";
 pub const TIMEOUT: &str = "timeout";
+pub const PREFLIGHT: &str = "preflight";
 
 // The reporters (`sidecar`, `exec --report`).
 pub const NVML_LIB: &str = "nvml-lib";

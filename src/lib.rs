@@ -59,6 +59,8 @@ pub mod metrics;
 pub mod peerchange;
 /// The peer pods on the API server: one list (resolve) or a watch until complete (init).
 pub mod peers;
+/// The pre-flight: the pods prove the network between them before CMD starts.
+pub mod preflight;
 /// Annotations (merge patch, only on change) and Events on the own pod.
 pub mod publish;
 /// The reason of every Event trainlet sends, spelled once.

@@ -10,6 +10,7 @@ pub enum Reason {
     PeerWaitTimeout,
     ClusterTooLarge,
     ClusterNotPublished,
+    PeerUnreachable,
     // the cluster after the start
     PeerLost,
     PeerReplaced,
@@ -34,6 +35,7 @@ impl Reason {
             Reason::PeerWaitTimeout => "PeerWaitTimeout",
             Reason::ClusterTooLarge => "ClusterTooLarge",
             Reason::ClusterNotPublished => "ClusterNotPublished",
+            Reason::PeerUnreachable => "PeerUnreachable",
             Reason::PeerLost => "PeerLost",
             Reason::PeerReplaced => "PeerReplaced",
             Reason::OomKill => "OOMKill",
@@ -60,11 +62,12 @@ mod tests {
     use super::*;
 
     /// Every reason.
-    const ALL: [Reason; 15] = [
+    const ALL: [Reason; 16] = [
         Reason::PeersResolved,
         Reason::PeerWaitTimeout,
         Reason::ClusterTooLarge,
         Reason::ClusterNotPublished,
+        Reason::PeerUnreachable,
         Reason::PeerLost,
         Reason::PeerReplaced,
         Reason::OomKill,

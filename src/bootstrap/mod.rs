@@ -56,6 +56,8 @@ pub struct InitConfig {
     /// A follower accepts no resolution older than this: `exec` resolving again after
     /// a peer change must not take the cluster that change made stale.
     pub min_generation: Option<u64>,
+    /// `--preflight`: prove the network to the ring's neighbours before writing.
+    pub preflight: bool,
 }
 
 #[derive(Debug, Error)]
@@ -75,6 +77,9 @@ pub enum InitError {
     /// `--address dns`: a peer's name does not resolve to its pod IP by the timeout.
     #[error(transparent)]
     Dns(#[from] dns::DnsError),
+    /// `--preflight`: a path between the pods is not proven.
+    #[error(transparent)]
+    Preflight(#[from] crate::preflight::PreflightError),
     /// The own server port is taken in this pod's network namespace.
     #[error("port {0} is already in use in this pod's network namespace")]
     PortConflict(u16),
@@ -106,6 +111,12 @@ impl InitError {
                 Code::Internal
             }
             InitError::PortConflict(_) => Code::PortConflict,
+            InitError::Preflight(crate::preflight::PreflightError::Unreachable(_)) => {
+                Code::PeerUnreachable
+            }
+            InitError::Preflight(crate::preflight::PreflightError::Listen { .. }) => {
+                Code::PortConflict
+            }
             InitError::Publish(_) => Code::Api,
             // Waiting or retrying changes nothing: the job needs --coordinate never, or
             // fewer annotations of its own on the resolver pod.
@@ -169,6 +180,7 @@ pub async fn run(
         plan.coordination,
     )?;
     this.check_ports(&outputs.listen_ports(&tf)).await?;
+    this.preflight(&found).await?;
     let env = outputs.write(cfg)?;
     let (task, cluster) = (&found.task, &found.cluster);
     info!(task = %format!("{}/{}", task.task_type, task.index), cluster = %cluster.summary(), waited = ?found.waited, "wrote {}", cfg.output_dir.join(render::TF_CONFIG_FILE).display());
@@ -356,6 +368,55 @@ impl Session<'_> {
         Err(e)
     }
 
+    /// `--preflight`: proves the ring around the own task within what is left of
+    /// `--timeout`; on failure a `PeerUnreachable` Event names the peers.
+    async fn preflight(&self, found: &Found) -> Result<(), InitError> {
+        if !self.cfg.preflight {
+            return Ok(());
+        }
+        let own = format!("{}/{}", found.task.task_type, found.task.index);
+        let Some(ring) = crate::preflight::ring::ring(&found.cluster, &own) else {
+            return Ok(());
+        };
+        let within = self.cfg.timeout.map_or(PREFLIGHT_WITHOUT_TIMEOUT, |t| {
+            t.saturating_sub(found.waited).max(PREFLIGHT_LEAST)
+        });
+        let namespace = self.id.namespace.clone();
+        let client = self.client.clone();
+        let past_init = async |pod: &str| {
+            let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &namespace);
+            api.get_opt(pod).await.ok().flatten().is_none_or(|p| {
+                matches!(
+                    p.status.and_then(|s| s.phase).as_deref(),
+                    Some("Running" | "Succeeded" | "Failed")
+                )
+            })
+        };
+        // The pod's own IP; unspecified (every address) where the pod has none yet.
+        let bind = self
+            .own
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok())
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        match crate::preflight::prove(&ring, &own, bind, within, past_init).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let e = InitError::from(e);
+                let note = (self.describe)(&e);
+                warn!("{note}");
+                best_effort(
+                    self.publisher
+                        .event(true, crate::reason::Reason::PeerUnreachable.as_str(), &note)
+                        .await,
+                    "emit the PeerUnreachable event",
+                );
+                Err(e)
+            }
+        }
+    }
+
     /// What the pod's annotations and `cluster.json` will say of this agent's part. After
     /// the start the job's reporters coordinate as init did: a job known to be large now
     /// that it is resolved coordinates, even where this agent could not tell before it
@@ -419,6 +480,12 @@ impl Session<'_> {
         r
     }
 }
+
+/// The pre-flight's bound where `--timeout` is 0 (wait forever for the peers): the
+/// pods that waited together reach each other in seconds, or not at all.
+const PREFLIGHT_WITHOUT_TIMEOUT: Duration = Duration::from_secs(300);
+/// At least this long, where the wait for the peers used nearly all of `--timeout`.
+const PREFLIGHT_LEAST: Duration = Duration::from_secs(30);
 
 /// Reporting to the pod is secondary to the files: log, and carry on.
 fn best_effort<E: std::fmt::Display>(r: Result<(), E>, what: &str) {

@@ -250,6 +250,17 @@ pub struct OutputArgs {
         default_value = defaults::TIMEOUT
     )]
     pub timeout: String,
+
+    /// Before writing anything, prove the network: each pod listens on its task's
+    /// port, connects to the next task's address (the ring of the cluster's tasks) and
+    /// waits for the previous task's pod to connect, within what is left of --timeout.
+    /// A path that does not carry fails init with exit code 10 and a PeerUnreachable
+    /// Event naming the peer and the side that saw it, instead of a framework hanging
+    /// in its rendezvous. A peer already past its init (a replacement joining a
+    /// running job) is not waited for. Off by default: every peer must run trainlet-init
+    /// at the same time, which pods made by hand may not (docs/preflight.md).
+    #[arg(long = flags::PREFLIGHT, env = "TRAINLET_PREFLIGHT")]
+    pub preflight: bool,
 }
 
 /// Flags shared by `trainlet sidecar` and `trainlet exec --report`.

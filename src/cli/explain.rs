@@ -123,6 +123,11 @@ pub fn init(e: &InitError) -> String {
             }
         },
         InitError::PortConflict(_) | InitError::Install(_) | InitError::Dns(_) => e.to_string(),
+        InitError::Preflight(crate::preflight::PreflightError::Unreachable(_)) => format!(
+            "{e} (check the NetworkPolicies of the namespace and the routes and firewalls between the nodes, or run without --{})",
+            flags::PREFLIGHT
+        ),
+        InitError::Preflight(_) => e.to_string(),
     }
 }
 

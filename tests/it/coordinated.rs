@@ -65,13 +65,18 @@ fn read(dir: &Path, file: &str) -> String {
 }
 
 /// cluster.json without the fields that are each agent's own (when, how long, its part
-/// in coordinating after the start), and that part.
+/// in coordinating after the start, and the peers' slots, which only an agent that
+/// watched every peer knows and only its reporters' watch of every peer uses: a
+/// follower's watches the resolver pod), and that part.
 fn cluster_json(dir: &Path) -> (Value, Value) {
     let mut v: Value = serde_json::from_str(&read(dir, "cluster.json")).unwrap();
     let o = v.as_object_mut().unwrap();
     assert!(o.remove("resolved_at").is_some());
     assert!(o.remove("waited_seconds").is_some());
     let coordination = o.remove("coordination").unwrap_or(Value::Null);
+    for p in o["peers"].as_array_mut().unwrap() {
+        p.as_object_mut().unwrap().remove("slot");
+    }
     (v, coordination)
 }
 

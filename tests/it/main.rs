@@ -58,6 +58,7 @@ mod node_stall;
 mod node_two;
 mod packaging;
 mod peer_watch;
+mod preflight;
 mod readme;
 mod report_gpu;
 mod report_handover;

@@ -124,6 +124,7 @@ pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
         coordinate: a.output.coordinate.with_threshold(a.output.coordinate_from),
         frameworks: framework_config(&a.cluster, &a.output)?,
         min_generation: None,
+        preflight: a.output.preflight,
     })
 }
 

@@ -317,6 +317,9 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
     if o.coordinate_from != defaults::COORDINATE_FROM {
         init.push(with_value(f::COORDINATE_FROM, o.coordinate_from));
     }
+    if o.preflight {
+        init.push(f::long(f::PREFLIGHT));
+    }
     // The variables of the frameworks chosen land in trainlet.env, which the wrapped
     // container's `trainlet exec` (or a shell that sources it) starts with.
     if o.frameworks != [Framework::Tensorflow] {
