@@ -35,6 +35,9 @@
 //! 9. recovery, on the same node: from a pod's deletion until every rank trains again
 //!    with the new cluster, trainlet's in-place restart against recreating every pod
 //!    (recovery.rs; `target/bench/results-recovery.json`).
+//! 10. the pre-flight: what `init --preflight` adds to a job's start at N = 64 and 256,
+//!     with real sockets between the agents (preflight.rs;
+//!     `target/bench/results-preflight.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`. A run is kept by copying its JSON into docs/bench/;
@@ -55,6 +58,7 @@ mod metrics;
 mod node;
 mod oom;
 mod peers;
+mod preflight;
 mod recovery;
 mod report;
 mod resolve;

@@ -964,10 +964,56 @@ pub fn recovery_markdown(r: &Value) -> String {
     s
 }
 
+/// The markdown of the pre-flight scenario.
+pub fn preflight_markdown(r: &Value) -> String {
+    let mut s = format!(
+        "Machine: {}. Command: `{}`.\n",
+        r["machine"].as_str().unwrap_or(""),
+        r["command"].as_str().unwrap_or("")
+    );
+    s += &format!(
+        "\n**What `--preflight` adds to a job's start** (N `trainlet init` agents, real sockets between them; from the last pod's status until the last agent's file, median of {} runs each, alternating):\n\n",
+        r["rounds"]
+    );
+    s += "| N | without, ms (median) | with `--preflight`, ms (median) | added, ms | each run without / with, ms |\n|---|---|---|---|---|\n";
+    let m = r["median_added_ms"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut sizes: Vec<(usize, Value)> = m
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v)))
+        .collect();
+    sizes.sort_by_key(|(n, _)| *n);
+    for (n, v) in sizes {
+        let each = |pf: bool| {
+            r["runs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| x["n"] == n && x["preflight"] == pf)
+                .map(|x| format!("{:.0}", x["all_done_ms"].as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        s += &format!(
+            "| {n} | {:.0} | {:.0} | {:.0} | {} / {} |\n",
+            v["without_ms"].as_f64().unwrap_or(f64::NAN),
+            v["with_ms"].as_f64().unwrap_or(f64::NAN),
+            v["added_ms"].as_f64().unwrap_or(f64::NAN),
+            each(false),
+            each(true)
+        );
+    }
+    s
+}
+
 /// A kept run as markdown: a node scenario's file or a whole run's.
 pub fn render(results: &Value) -> String {
     if results.get("median_last_written_ms").is_some() {
         node_markdown(results)
+    } else if results.get("median_added_ms").is_some() {
+        preflight_markdown(results)
     } else if results.get("median_recovered_ms").is_some() {
         recovery_markdown(results)
     } else {

@@ -9,6 +9,7 @@ use crate::footprint;
 use crate::node;
 use crate::oom;
 use crate::peers;
+use crate::preflight;
 use crate::recovery;
 use crate::report;
 use crate::resolve::{self, Tool};
@@ -18,7 +19,7 @@ use crate::stall;
 use crate::support;
 
 pub async fn run_all() {
-    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node,recovery picks scenarios
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node,recovery,preflight picks scenarios
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     let only: Option<String> = std::env::var("TRAINLET_BENCH_ONLY").ok();
     let want = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
@@ -166,6 +167,12 @@ pub async fn run_all() {
     } else {
         None
     };
+    let preflighted = if want("preflight") {
+        eprintln!("bench: what --preflight adds to a job's start");
+        Some(preflight::run(&client, &cp.kubeconfig, bin, &[64, 256]).await)
+    } else {
+        None
+    };
     let foot = want("footprint").then(|| footprint::measure(bin));
     // On the real node (root; its own control plane): skipped, and said so, where
     // something it needs is missing.
@@ -198,6 +205,7 @@ pub async fn run_all() {
         "robustness": robust,
         "node": on_node,
         "recovery": recovered,
+        "preflight": preflighted,
     });
     report::write(&results);
     if let Some(n) = &on_node {
@@ -205,5 +213,8 @@ pub async fn run_all() {
     }
     if let Some(r) = &recovered {
         println!("{}", report::recovery_markdown(r));
+    }
+    if let Some(p) = &preflighted {
+        println!("{}", report::preflight_markdown(p));
     }
 }

@@ -214,3 +214,38 @@ async fn a_dropped_port_fails_the_pods_on_that_path_and_names_the_peer() {
     );
     delete_namespace(&client, &ns).await;
 }
+
+/// On the real node, pods in network namespaces of their own: a 3-pod Indexed Job
+/// through `trainlet inject --preflight` completes; each pod's trainlet-init proved
+/// the ring before it wrote, and each trainer then reaches every peer.
+#[tokio::test]
+async fn an_injected_job_with_preflight_completes_on_a_real_node() {
+    use crate::node_pods::{On, main_container, plain_job};
+    let on = require!(On::restricted("preflight-node").await);
+    let plain = plain_job(
+        "pf",
+        3,
+        main_container(&["trainer", "--source", "tf", "--timeout", "120"], "64Mi"),
+    );
+    on.inject_and_apply(&plain, &["--preflight"], |_| {});
+    let end = on.job_end("pf").await;
+    assert_eq!(
+        (end.0.as_str(), end.1.as_str()),
+        ("Complete", "CompletionsReached"),
+        "{end:?}: {}",
+        describe_pods(&on.pods()).await
+    );
+    for p in on.only_pods("pf", 3).await {
+        let name = kube::ResourceExt::name_any(&p);
+        let init = on.log(&name, "trainlet-init", false).await;
+        assert!(proven(&init), "{name}: {init}");
+        let lines = on.cmd_lines(&name, "main").await;
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("trainer: ok: ") && l.contains("reached 2 peers")),
+            "{name}: {lines:?}"
+        );
+    }
+    on.done().await;
+}
