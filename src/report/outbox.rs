@@ -32,6 +32,10 @@ use crate::publish::{self, EventBudget, Publisher, Throttle, TokenBucket, keys};
 pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last report may take on the way out (SIGTERM or CMD's exit).
 const FINAL_FLUSH: Duration = Duration::from_millis(1500);
+/// The same, while an Event is still to go out (an OOM kill seen just before the
+/// kubelet stopped the pod): worth more of the grace period (30 s by default) than
+/// annotations alone.
+const FINAL_FLUSH_NEWS: Duration = Duration::from_secs(5);
 
 /// The annotations the reporters own, read back from the pod at start.
 const REPORTED: [&str; 8] = [
@@ -348,11 +352,23 @@ impl Outbox {
         if self.next.is_none() {
             return;
         }
-        let _ = tokio::time::timeout(FINAL_FLUSH, async {
+        let within = if self.events.is_empty() {
+            FINAL_FLUSH
+        } else {
+            FINAL_FLUSH_NEWS
+        };
+        let sent = tokio::time::timeout(within, async {
             self.throttle = Throttle::new(Duration::ZERO);
             self.send(metrics, ready).await;
         })
         .await;
+        if sent.is_err() {
+            warn!(
+                events = self.events.len(),
+                "the last report did not go out within {}s",
+                within.as_secs_f64()
+            );
+        }
     }
 }
 

@@ -392,13 +392,16 @@ exec sleep 3600";
 }
 
 /// The training container on the cgroup v2 node: prints its cgroup's
-/// `memory.oom.group` (the kubelet's setting), runs the memory hog as a child past a
-/// 96 MiB limit, prints the child's status, and ends 0.
+/// `memory.oom.group` (the kubelet's setting), waits for the sidecar's first report,
+/// runs the memory hog as a child past a 96 MiB limit, prints the child's status, and
+/// ends 0.
 async fn oom_job(kc: &'static std::path::Path, prefix: &str) -> (On, Pod, Vec<String>) {
     let client = client_from(kc).await;
     let ns = restricted_namespace(kc, &client, prefix).await;
     let on = On { kc, client, ns };
-    let script = "exec 2>&1; echo \"oom.group $(cat /sys/fs/cgroup/memory.oom.group)\"; memhog 10 & echo \"memhog pid $!\"; wait $!; echo \"memhog status $?\"; sleep 3";
+    // The hog starts once the sidecar's first report is out (its /readyz): a kill
+    // in the middle of a training, not in the sidecar's first second.
+    let script = "exec 2>&1; echo \"oom.group $(cat /sys/fs/cgroup/memory.oom.group)\"; i=0; until wget -q -O /dev/null http://127.0.0.1:9464/readyz 2>/dev/null; do i=$((i+1)); [ $i -lt 600 ] || exit 9; sleep 0.2; done; memhog 10 & echo \"memhog pid $!\"; wait $!; echo \"memhog status $?\"; sleep 3";
     let mut plain = plain_job("oom", 1, main_container(&["sh", "-c", script], "96Mi"));
     on_cgroup2(&mut plain);
     on.inject_and_apply(&plain, &[], |_| {});
