@@ -243,15 +243,17 @@ impl Session<'_> {
 
     /// Tells the pod why the wait ended, and hands the error on.
     async fn timed_out(&self, e: InitError) -> InitError {
+        self.told(crate::reason::Reason::PeerWaitTimeout, e).await
+    }
+
+    /// A Warning Event of `reason` on the pod, with the message the process ends with;
+    /// hands the error on.
+    async fn told(&self, reason: crate::reason::Reason, e: InitError) -> InitError {
         best_effort(
             self.publisher
-                .event(
-                    true,
-                    crate::reason::Reason::PeerWaitTimeout.as_str(),
-                    &(self.describe)(&e),
-                )
+                .event(true, reason.as_str(), &(self.describe)(&e))
                 .await,
-            "emit the PeerWaitTimeout event",
+            &format!("emit the {reason} event"),
         );
         e
     }
@@ -354,18 +356,12 @@ impl Session<'_> {
         let Some(port) = taken else {
             return Ok(());
         };
-        let e = InitError::PortConflict(port);
-        best_effort(
-            self.publisher
-                .event(
-                    true,
-                    crate::reason::Reason::PortConflict.as_str(),
-                    &(self.describe)(&e),
-                )
-                .await,
-            "emit the PortConflict event",
-        );
-        Err(e)
+        Err(self
+            .told(
+                crate::reason::Reason::PortConflict,
+                InitError::PortConflict(port),
+            )
+            .await)
     }
 
     /// `--preflight`: proves the ring around the own task within what is left of
@@ -402,18 +398,9 @@ impl Session<'_> {
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         match crate::preflight::prove(&ring, &own, bind, within, past_init).await {
             Ok(_) => Ok(()),
-            Err(e) => {
-                let e = InitError::from(e);
-                let note = (self.describe)(&e);
-                warn!("{note}");
-                best_effort(
-                    self.publisher
-                        .event(true, crate::reason::Reason::PeerUnreachable.as_str(), &note)
-                        .await,
-                    "emit the PeerUnreachable event",
-                );
-                Err(e)
-            }
+            Err(e) => Err(self
+                .told(crate::reason::Reason::PeerUnreachable, e.into())
+                .await),
         }
     }
 

@@ -164,6 +164,23 @@ pub(crate) fn is_trainlet_line(l: &str) -> bool {
             .is_some_and(|lvl| ["INFO", "WARN", "ERROR", "DEBUG"].contains(&lvl))
 }
 
+/// The runs of CMD in a container's log, each from the `start: ` line it prints first,
+/// without trainlet's own lines.
+pub(crate) fn start_runs(log: &str) -> Vec<String> {
+    let mut runs: Vec<String> = Vec::new();
+    for l in log.lines().filter(|l| !is_trainlet_line(l)) {
+        if l.starts_with("start: ") {
+            runs.push(String::new());
+        }
+        let run = runs
+            .last_mut()
+            .unwrap_or_else(|| panic!("a line before `start: `: {l}\n{log}"));
+        run.push_str(l);
+        run.push('\n');
+    }
+    runs
+}
+
 /// A plain Indexed Job of `n` pods whose one container is `main`, as a user writes it
 /// before `trainlet inject`: Pod Security `restricted` (non-root, no privilege
 /// escalation, no capabilities, RuntimeDefault seccomp), `restartPolicy: Never`,
@@ -1096,16 +1113,7 @@ exec sleep 3600";
     for (i, p) in after.iter().enumerate() {
         let name = p.name_any();
         let log = on.log(&name, "main", false).await;
-        // The runs of CMD, each from its `start:` line.
-        let mut runs: Vec<String> = Vec::new();
-        for l in log.lines().filter(|l| !is_trainlet_line(l)) {
-            if l.starts_with("start: ") {
-                runs.push(String::new());
-            }
-            let run = runs.last_mut().unwrap_or_else(|| panic!("{name}: {log}"));
-            run.push_str(l);
-            run.push('\n');
-        }
+        let runs = start_runs(&log);
         let starts = if i == 1 { 1 } else { 2 };
         assert_eq!(
             runs.len(),

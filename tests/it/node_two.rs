@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
 use crate::node_pods::{
-    On, ip, is_trainlet_line, main_container, plain_job, pod_spec, report, state, terminated,
+    On, ip, main_container, plain_job, pod_spec, report, start_runs, state, terminated,
 };
 use crate::support::jobs::{index_of, job_pods};
 use crate::support::*;
@@ -321,15 +321,7 @@ exec sleep 3600";
     // On the cgroup v2 node: two runs, the first with the deleted pod's address, the
     // second with the replacement's.
     let log = on.log(&far.name_any(), "main", false).await;
-    let mut runs: Vec<String> = Vec::new();
-    for l in log.lines().filter(|l| !is_trainlet_line(l)) {
-        if l.starts_with("start: ") {
-            runs.push(String::new());
-        }
-        let run = runs.last_mut().unwrap_or_else(|| panic!("{log}"));
-        run.push_str(l);
-        run.push('\n');
-    }
+    let runs = start_runs(&log);
     assert_eq!(runs.len(), 2, "{log}");
     let far_ip = ip(&far);
     for (run, peer_ip) in runs.iter().zip([ip(&old), ip(new)]) {
