@@ -296,14 +296,15 @@ impl Engine {
     }
 
     /// exec: when to check for a stall besides every `--interval`: the moment one would
-    /// begin ([`crate::stall::watching::StallWatch::due`]), while it is ahead (a
-    /// moment passed without a stall, a rank only silent, waits for the probes).
+    /// begin ([`crate::stall::watching::StallWatch::due`]), while no check judged it
+    /// (a moment passed without a stall, a rank only silent, waits for the probes).
     pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
         if self.cfg.mode != Mode::Exec {
             return None;
         }
         let due = self.progress.watching.as_ref()?.due()?;
-        let left = due.duration_since(SystemTime::now()).ok()?;
+        // Past already (exec got to it late): at once.
+        let left = due.duration_since(SystemTime::now()).unwrap_or_default();
         // A millisecond past it, so that the check's own clock reads it as passed.
         Some(std::time::Instant::now() + left + Duration::from_millis(1))
     }

@@ -457,5 +457,29 @@ fn a_stall_is_due_when_the_check_at_that_moment_finds_it() {
     };
     assert_eq!(w.check(&pr, other, t(25)), None);
     assert!(w.silent());
-    assert_eq!(w.due(&pr), Some(t(25)));
+    assert_eq!(w.due(&pr), None);
+}
+
+/// A line printed just after CMD started, seen by the check only after it judged the
+/// silent run (the output is read on its own thread), moves the moment a stall would
+/// begin to a few milliseconds after that check: due still, even once exec gets to it
+/// late, so the stall is told when it begins, not at the next `--interval`.
+#[test]
+fn progress_seen_after_a_check_makes_a_later_moment_due_even_when_it_has_passed() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let ms = Duration::from_millis;
+    let mut w = StallWatch::new(Duration::from_secs(10), t(0));
+    let mut pr = Progress::default();
+    assert_eq!(w.due(&pr), Some(t(10)));
+    pr.on_line(&Pattern::default(), b"step 1", t(0) + ms(20));
+    assert_eq!(w.check(&pr, alone(), t(10) + ms(1)), None);
+    assert_eq!(w.due(&pr), Some(t(10) + ms(20)));
+    // exec gets there at 10.5 s: the note then says the silence it measured.
+    assert_eq!(
+        w.check(&pr, alone(), t(10) + ms(500)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
+    );
 }

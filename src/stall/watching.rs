@@ -290,6 +290,9 @@ pub struct StallWatch {
     pub standing: Standing,
     /// Stalls since exec started, over every run of CMD.
     pub stalls: u64,
+    /// The last moment checked: a moment a stall would begin that is no later was
+    /// judged already, and is not due again.
+    pub judged: Option<SystemTime>,
 }
 
 impl StallWatch {
@@ -299,6 +302,7 @@ impl StallWatch {
             since: now,
             standing: Standing::Silent,
             stalls: 0,
+            judged: None,
         }
     }
 
@@ -330,14 +334,19 @@ impl StallWatch {
     }
 
     /// When a check could first find this run stalled if nothing happens before: its
-    /// last progress (or its start) plus `after`; none while it is stalled already.
+    /// last progress (or its start) plus `after`; none while it is stalled already,
+    /// nor when a check at or after that moment found no stall (a rank only silent).
     /// exec checks then too, not only every `--interval`: a stall is seen when it
-    /// begins, not up to an interval later.
+    /// begins, not up to an interval later. The moment may be past already, and is
+    /// then due at once: progress that CMD printed just before the last check, seen
+    /// only after it, moves the moment, and exec may get to it late.
     pub fn due(&self, progress: &Progress) -> Option<SystemTime> {
         if self.stalled() {
             return None;
         }
-        self.anchor(progress).checked_add(self.after)
+        self.anchor(progress)
+            .checked_add(self.after)
+            .filter(|due| self.judged.is_none_or(|j| *due > j))
     }
 
     /// What changed at `now`.
@@ -348,6 +357,7 @@ impl StallWatch {
         now: SystemTime,
     ) -> Option<Transition> {
         let was = self.stalled();
+        self.judged = Some(now);
         self.standing = judge(self.since, progress.at, self.after, job, now);
         match (was, self.standing) {
             (false, Standing::Stalled(kind)) => {
