@@ -137,9 +137,11 @@ bench: deps
 bench-docs:
 	TRAINLET_WRITE_DOCS=1 $(CARGO) test --test it bench_docs::
 
-## docs/flags.md from the command-line definitions (a unit test checks it is current).
+## docs/flags.md from the command-line definitions, and manifests/admission/policy.yaml
+## from `trainlet inject --admission-policy` (tests check that both are current).
 docs:
 	TRAINLET_WRITE_DOCS=1 $(CARGO) test --lib reference
+	TRAINLET_WRITE_DOCS=1 $(CARGO) test --test it admission::the_shipped_policy_is_what_inject_prints
 
 demo: control-plane
 	@scripts/demo

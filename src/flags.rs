@@ -94,6 +94,7 @@ pub const PERMANENT_EXIT_CODES: &str = "permanent-exit-codes";
 pub const SERVICE_ACCOUNT: &str = "service-account";
 pub const RESOURCES: &str = "resources";
 pub const SHM_SIZE: &str = "shm-size";
+pub const ADMISSION_POLICY: &str = "admission-policy";
 
 // Logging.
 pub const LOG_FORMAT: &str = "log-format";

@@ -237,13 +237,13 @@ impl Sampler {
     }
 }
 
-fn kubectl_json(kc: &Path, args: &[&str]) -> Value {
+pub(crate) fn kubectl_json(kc: &Path, args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["-o", "json"]);
     serde_json::from_str(&support::kubectl_on(kc, &a)).unwrap()
 }
 
-fn cri_time(line: &str) -> SystemTime {
+pub(crate) fn cri_time(line: &str) -> SystemTime {
     humantime::parse_rfc3339(line.split_whitespace().next().unwrap())
         .unwrap_or_else(|e| panic!("{line:?}: {e}"))
 }

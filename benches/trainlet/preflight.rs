@@ -136,7 +136,16 @@ async fn once(client: &Client, kc: &Path, bin: &Path, n: usize, preflight: bool)
             .unwrap();
         last = last.max(done);
     }
-    support::delete_namespace(client, &ns).await;
+    // The bench's control plane runs no namespace controller: the pods go, at once,
+    // and the namespace stays until the control plane does.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), &ns);
+    pods.delete_collection(
+        &kube::api::DeleteParams::default().grace_period(0),
+        &Default::default(),
+    )
+    .await
+    .expect("delete the run's pods");
     let ms = last
         .duration_since(t_last)
         .map(|d| d.as_secs_f64() * 1e3)
@@ -178,6 +187,8 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
             json!({"without_ms": a, "with_ms": b, "added_ms": b - a}),
         );
     }
+    eprintln!("bench: preflight on the real node, N=3");
+    let node = node_run().await;
     let result = json!({
         "machine": crate::report::machine(),
         "commit": crate::report::commit(),
@@ -185,6 +196,7 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
         "rounds": ROUNDS,
         "median_added_ms": medians,
         "runs": runs,
+        "node": node,
     });
     let dir = support::repo().join("target/bench");
     std::fs::create_dir_all(&dir).unwrap();
@@ -195,4 +207,152 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
     .unwrap();
     eprintln!("bench: wrote {}/results-preflight.json", dir.display());
     result
+}
+
+/// On the real node, N = 3: a plain Indexed Job of 3 pods through `trainlet inject`
+/// (the shipped layout), with and without `--preflight`, alternating, [`ROUNDS`] runs
+/// each; from the start of `kubectl apply` until the last trainlet-init logged that it
+/// wrote `tf_config.json` (the container runtime's timestamps). None, said on stderr,
+/// where the node cannot start.
+pub async fn node_run() -> Option<Value> {
+    let kc = match support::node() {
+        Ok(kc) => kc,
+        Err(missing) => {
+            eprintln!("bench: pre-flight on the real node: skipped: {missing}");
+            return None;
+        }
+    };
+    let client = support::client_from(kc).await;
+    let ns = support::namespace_with_labels(&client, "bench-preflight", &[]).await;
+    let manifests = support::repo().join("manifests");
+    support::kubectl_on(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let mut runs = Vec::new();
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let mut order = [false, true];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for preflight in order {
+            eprintln!("bench: preflight on the node, N=3, round {round} --preflight={preflight}");
+            let ms = node_once(
+                kc,
+                &ns,
+                &format!("pf{round}{}", u8::from(preflight)),
+                preflight,
+            );
+            runs.push(json!({"n": 3, "preflight": preflight, "all_done_ms": ms}));
+            if preflight {
+                with.push(ms)
+            } else {
+                without.push(ms)
+            }
+        }
+    }
+    support::delete_namespace(&client, &ns).await;
+    let (a, b) = (median(without), median(with));
+    Some(json!({"without_ms": a, "with_ms": b, "added_ms": b - a, "runs": runs}))
+}
+
+fn node_once(kc: &Path, ns: &str, name: &str, preflight: bool) -> f64 {
+    let plain = json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 3,
+            "parallelism": 3,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+                    "containers": [{
+                        "name": "main",
+                        "image": "trainlet.test/trainer:1",
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "echo \"TF_CONFIG=$TF_CONFIG\""],
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                      "limits": {"memory": "32Mi"}}
+                    }]
+                }
+            }
+        }
+    });
+    let job = format!("worker=batch.kubernetes.io/job-name={name}");
+    let mut flags = vec!["--wrap", "main", "--job", &job];
+    if preflight {
+        flags.push("--preflight");
+    }
+    let mut doc = support::as_json(kc, &support::inject_printed(&plain, &flags));
+    doc["metadata"].as_object_mut().unwrap().remove("namespace");
+    let start = SystemTime::now();
+    let out = support::output_with_stdin(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kc)
+            .args(["apply", "-n", ns, "-f", "-"]),
+        doc.to_string().as_bytes(),
+    );
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Instant::now();
+    loop {
+        let job = crate::node::kubectl_json(kc, &["get", "job", "-n", ns, name]);
+        let done = job["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["status"] == "True" && (c["type"] == "Complete" || c["type"] == "Failed"));
+        if let Some(c) = done {
+            assert_eq!(c["type"], "Complete", "job {name}: {job}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "job {name} not done in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let pods = crate::node::kubectl_json(
+        kc,
+        &[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            &format!("batch.kubernetes.io/job-name={name}"),
+        ],
+    );
+    let mut last = start;
+    for p in pods["items"].as_array().unwrap() {
+        let pod = p["metadata"]["name"].as_str().unwrap();
+        let log = support::kubectl_on(
+            kc,
+            &["logs", "-n", ns, pod, "-c", "trainlet-init", "--timestamps"],
+        );
+        let line = log
+            .lines()
+            .find(|l| l.contains(" INFO wrote /etc/trainlet/tf_config.json"))
+            .unwrap_or_else(|| panic!("{pod}: no file written in\n{log}"));
+        last = last.max(crate::node::cri_time(line));
+    }
+    support::kubectl_on(
+        kc,
+        &[
+            "delete",
+            "job",
+            "-n",
+            ns,
+            name,
+            "--cascade=foreground",
+            "--wait=true",
+        ],
+    );
+    last.duration_since(start).unwrap_or_default().as_secs_f64() * 1e3
 }

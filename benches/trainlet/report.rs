@@ -1005,6 +1005,27 @@ pub fn preflight_markdown(r: &Value) -> String {
             each(true)
         );
     }
+    let node = &r["node"];
+    if node.is_object() {
+        let each = |pf: bool| {
+            node["runs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| x["preflight"] == pf)
+                .map(|x| format!("{:.0}", x["all_done_ms"].as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        s += &format!(
+            "\n**On the real node** (a 3-pod Indexed Job through `trainlet inject`, the shipped layout; from `kubectl apply` until the last trainlet-init wrote its file, by the container runtime's log timestamps): {:.0} ms without, {:.0} ms with `--preflight` (medians), {:.0} ms added; each run without / with: {} / {} ms.\n",
+            node["without_ms"].as_f64().unwrap_or(f64::NAN),
+            node["with_ms"].as_f64().unwrap_or(f64::NAN),
+            node["added_ms"].as_f64().unwrap_or(f64::NAN),
+            each(false),
+            each(true)
+        );
+    }
     s
 }
 

@@ -293,6 +293,7 @@ mod tests {
             namespace: "ns".into(),
             pod_ip: ip.map(Into::into),
             slot: String::new(),
+            past_init: false,
         };
         let cluster = Cluster {
             tasks: [(

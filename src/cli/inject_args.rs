@@ -117,6 +117,15 @@ pub struct InjectArgs {
     )]
     pub service_account: String,
 
+    /// Print a MutatingAdmissionPolicy (with its binding and a ValidatingAdmissionPolicy)
+    /// that does at each pod's creation what inject does, for pods labelled
+    /// `trainlet.io/inject: "true"`, with the settings in their `trainlet.io/<flag>`
+    /// annotations; reads no manifests. Takes --image, --resources and
+    /// --service-account; the other settings come from each pod. Kubernetes 1.36+ (or
+    /// 1.34 with the MutatingAdmissionPolicy gate). See docs/admission.md.
+    #[arg(long = flags::ADMISSION_POLICY, env = "TRAINLET_ADMISSION_POLICY")]
+    pub admission_policy: bool,
+
     #[command(flatten)]
     pub cluster: ClusterArgs,
 

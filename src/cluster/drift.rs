@@ -719,6 +719,7 @@ mod tests {
             namespace: "ml".into(),
             pod_ip: None,
             slot: String::new(),
+            past_init: false,
         }
     }
 

@@ -185,6 +185,11 @@ pub struct Peer {
     /// before the watch first listed the pods. Not part of a peer's identity.
     #[serde(skip)]
     pub slot: String,
+    /// The pod was past its init containers (Running, or ended) when resolved: a
+    /// replacement's peer whose training process need not answer on the task's port
+    /// (the pre-flight does not wait for it). Not part of a peer's identity.
+    #[serde(skip)]
+    pub past_init: bool,
 }
 
 impl PartialEq for Peer {

@@ -260,6 +260,7 @@ pub fn decode(text: &str, namespace: &str) -> Result<Resolution, PublishedError>
                 namespace: namespace.to_string(),
                 pod_ip: None,
                 slot: String::new(),
+                past_init: false,
             })
             .collect();
         if cluster.tasks.insert(task_type.clone(), peers).is_some() {
@@ -374,6 +375,7 @@ mod tests {
             namespace: "ml".into(),
             pod_ip: None,
             slot: String::new(),
+            past_init: false,
         }
     }
 
@@ -486,6 +488,7 @@ mod tests {
                     namespace: "ml".into(),
                     pod_ip: None,
                     slot: String::new(),
+                    past_init: false,
                 }
             })
             .collect();

@@ -274,6 +274,10 @@ impl Resolver {
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
             slot: super::drift::slot(&p.metadata),
+            past_init: matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Running" | "Succeeded" | "Failed")
+            ),
         })
     }
 

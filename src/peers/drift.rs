@@ -434,6 +434,7 @@ fn peers_of(file: &render::ClusterFile) -> Vec<Peer> {
             namespace: String::new(),
             pod_ip: None,
             slot: p.slot.clone(),
+            past_init: false,
         })
         .collect()
 }

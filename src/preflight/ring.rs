@@ -19,6 +19,9 @@ pub struct Neighbour {
     pub pod: String,
     /// `host:port`: the address the files give the framework.
     pub address: String,
+    /// Its pod was past its init containers when the cluster was resolved: its
+    /// training process, not its init, holds the task's port.
+    pub past_init: bool,
 }
 
 /// The own task's neighbours: the one it connects to and the one that connects to it
@@ -42,6 +45,7 @@ pub fn ring(cluster: &Cluster, own: &str) -> Option<Ring> {
                 task: format!("{ty}/{}", p.index),
                 pod: p.name.clone(),
                 address: p.address.clone(),
+                past_init: p.past_init,
             })
         })
         .collect();
@@ -155,6 +159,7 @@ mod tests {
                         namespace: "ns".into(),
                         pod_ip: None,
                         slot: String::new(),
+                        past_init: false,
                     }
                 })
                 .collect();

@@ -410,6 +410,7 @@ mod tests {
             namespace: "ns".into(),
             pod_ip: None,
             slot: format!("job/{t}/{i}"),
+            past_init: false,
         };
         let mut c = Cluster::default();
         c.tasks.insert(

@@ -311,6 +311,7 @@ async fn a_forged_or_broken_annotation_is_never_used() {
             namespace: ns.clone(),
             pod_ip: None,
             slot: String::new(),
+            past_init: false,
         };
     let port = free_port().to_string();
     let encode = |workers: Vec<trainlet::cluster::Peer>| {

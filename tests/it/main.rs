@@ -37,6 +37,7 @@ mod support;
 
 mod report_support;
 
+mod admission;
 mod architecture;
 mod bench_docs;
 mod control_plane;

@@ -11,6 +11,7 @@ use super::{cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
+use crate::inject::transform::admission::{Setting, Settings};
 use crate::inject::{InjectConfig, Resources};
 
 /// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
@@ -159,6 +160,159 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         resources,
         shm_size: a.shm_size.clone(),
     })
+}
+
+/// `inject --admission-policy`: what the policy adds (image, resources, ServiceAccount;
+/// the rest at its defaults) and the settings it reads from each pod's annotations:
+/// the flags `inject` writes into `trainlet init` and `trainlet exec`, in its order
+/// ([`init_flags`], [`exec_flags`]), each with its default, which is not written.
+pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Failure> {
+    let c = &a.cluster;
+    let given = [
+        (
+            !c.jobs.is_empty() || c.job_to_label_mapping.is_some(),
+            flags::JOB,
+        ),
+        (!c.expect.is_empty(), flags::EXPECT),
+        (a.wrap.is_some(), flags::WRAP),
+        (a.stall.stall_after.is_some(), flags::STALL_AFTER),
+        (a.failure_policy, flags::FAILURE_POLICY),
+        (a.classic_sidecar, flags::CLASSIC_SIDECAR),
+        (a.shm_size.is_some(), flags::SHM_SIZE),
+        (a.filename.is_some(), flags::FILENAME),
+    ];
+    if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
+        return Err(Failure::usage(format!(
+            "--{flag} is not for --{}: the policy reads each pod's settings from its annotations (trainlet.io/<flag>); it takes --image, --resources and --service-account",
+            flags::ADMISSION_POLICY
+        )));
+    }
+    if a.image.trim().is_empty() {
+        return Err(Failure::usage(
+            "invalid --image \"\": give an image reference",
+        ));
+    }
+    let output_dir = defaults::OUTPUT_DIR.to_string();
+    let install_to = format!("{output_dir}/bin");
+    let cfg = InjectConfig {
+        image: a.image.trim().to_string(),
+        init_args: Vec::new(),
+        sidecar_args: Vec::new(),
+        wrap_env: vec![("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())],
+        metrics_port: defaults::METRICS_PORT,
+        output_dir,
+        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
+        install_to: install_to.clone(),
+        classic_sidecar: false,
+        failure_policy: false,
+        permanent_exit_codes: None,
+        wrap: None,
+        service_account: a.service_account.clone(),
+        exec_args: Vec::new(),
+        resources: resources(&a.resources)?,
+        shm_size: None,
+    };
+    use crate::flags as f;
+    const NAME: &str = "^[A-Za-z0-9_.-]+$";
+    const PORT: &str = "^[0-9]{1,5}$";
+    const COUNT: &str = "^[0-9]+$";
+    const DURATION: &str = "^[0-9]+(ms|s|m|h|d)( ?[0-9]+(ms|s|m|h|d))*$";
+    let value = |flag, default: Option<String>, pattern| Setting::Value {
+        flag,
+        default,
+        pattern,
+    };
+    let init = vec![
+        Setting::Each {
+            flag: f::JOB,
+            pattern: "^[A-Za-z0-9_.-]+=[^;]+$",
+        },
+        value(
+            f::EXPECT,
+            None,
+            "^[A-Za-z0-9_.-]+=[0-9]+(,[A-Za-z0-9_.-]+=[0-9]+)*$",
+        ),
+        value(f::PORT, None, PORT),
+        value(f::PORT_NAME, None, "^[a-z0-9-]{1,15}$"),
+        value(
+            f::ADDRESS,
+            Some(defaults::ADDRESS.name()),
+            "^(pod-ip|host-ip|dns)$",
+        ),
+        value(
+            f::CLUSTER_DOMAIN,
+            Some(defaults::CLUSTER_DOMAIN.to_string()),
+            "^[a-z0-9.-]+$",
+        ),
+        value(f::ORDER, Some(defaults::ORDER.name()), "^(index|name)$"),
+        value(f::READY, Some(defaults::READY.name()), "^(running|ready)$"),
+        value(
+            f::RPC_LAYER,
+            Some(defaults::RPC_LAYER.to_string()),
+            "^[a-z+]+$",
+        ),
+        value(f::ENVIRONMENT, None, NAME),
+        Setting::Fixed(f::with_value(f::INSTALL_TO, &install_to)),
+        value(f::TIMEOUT, Some(defaults::TIMEOUT.to_string()), DURATION),
+        value(
+            f::COORDINATE,
+            Some(defaults::COORDINATE.name()),
+            "^(auto|always|never)$",
+        ),
+        value(
+            f::COORDINATE_FROM,
+            Some(defaults::COORDINATE_FROM.to_string()),
+            COUNT,
+        ),
+        Setting::Switch { flag: f::PREFLIGHT },
+        value(
+            f::FRAMEWORK,
+            Some(Framework::Tensorflow.name()),
+            "^(tensorflow|pytorch|jax|mpi)(,(tensorflow|pytorch|jax|mpi))*$",
+        ),
+        value(
+            f::NPROC_PER_NODE,
+            Some(defaults::NPROC_PER_NODE.to_string()),
+            "^(auto|gpu|cpu|[0-9]+)$",
+        ),
+        value(f::SLOTS, None, "^(gpu|[0-9]+)$"),
+        value(f::MASTER_PORT, None, PORT),
+        value(f::COORDINATOR_PORT, None, PORT),
+        value(f::NNODES, None, "^[0-9]+(:[0-9]+)?$"),
+    ];
+    let exec = vec![
+        value(
+            f::ON_PEER_CHANGE,
+            Some(defaults::ON_PEER_CHANGE.name()),
+            "^(report|restart|exit)$",
+        ),
+        value(
+            f::MAX_RESTARTS,
+            Some(defaults::MAX_RESTARTS.to_string()),
+            COUNT,
+        ),
+        value(
+            f::RESTART_GRACE,
+            Some(defaults::RESTART_GRACE.to_string()),
+            DURATION,
+        ),
+        value(f::STALL_AFTER, None, DURATION),
+        value(
+            f::ON_STALL,
+            Some(defaults::ON_STALL.name()),
+            "^(report|restart|exit)$",
+        ),
+        value(f::PROGRESS_PATTERN, None, "^.+$"),
+    ];
+    Ok((
+        cfg,
+        Settings {
+            init,
+            exec,
+            required: vec![f::JOB],
+            default_port: defaults::PORT,
+        },
+    ))
 }
 
 /// The flags of the wrapped container's `trainlet exec`: `--report`, and those that

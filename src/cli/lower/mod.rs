@@ -24,7 +24,7 @@ use crate::flags;
 use crate::kube;
 
 pub use cluster::{cluster_config, framework_config, init_config, master_query};
-pub use inject::inject_config;
+pub use inject::{admission_config, inject_config};
 pub use report::{exec_report_config, progress_watch, report_config, sidecar_config};
 pub use status::status_target;
 

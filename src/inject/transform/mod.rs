@@ -6,6 +6,7 @@ use std::fmt;
 use super::yaml::{self, Chunk, Node};
 pub use parts::METRICS_PORT_NAME;
 
+pub mod admission;
 mod own;
 mod parts;
 mod policy;

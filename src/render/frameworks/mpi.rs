@@ -52,6 +52,7 @@ mod tests {
             namespace: "ns".into(),
             pod_ip: None,
             slot: String::new(),
+            past_init: false,
         };
         c.tasks.insert(
             "worker".into(),

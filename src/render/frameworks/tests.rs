@@ -18,6 +18,7 @@ fn cluster(types: &[(&str, &[&str])]) -> Cluster {
                 namespace: "ns".into(),
                 pod_ip: None,
                 slot: String::new(),
+                past_init: false,
             })
             .collect();
         c.tasks.insert(t.to_string(), peers);
