@@ -1,7 +1,6 @@
 //! What init leaves behind: the own port checked free, every file rendered before any
 //! is written, the binary installed for the training container.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -20,7 +19,15 @@ use crate::render::{self, TfConfig};
 /// is not mistaken for a conflict.
 pub(super) async fn port_is_free(port: u16) -> bool {
     for attempt in 0..4 {
-        match TcpListener::bind(("0.0.0.0", port)) {
+        // Bound, never listening: a listener, for the moment it lives, completes the
+        // connections of peers that try the port (a peer's pre-flight would take it
+        // for this pod's trainlet-init). SO_REUSEADDR as a server sets it, so that
+        // connections of an earlier run in TIME_WAIT are no conflict.
+        let bound = tokio::net::TcpSocket::new_v4().and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind((std::net::Ipv4Addr::UNSPECIFIED, port).into())
+        });
+        match bound {
             Ok(_) => return true,
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 if attempt < 3 {

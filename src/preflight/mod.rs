@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
-use ring::{HELLO_MAX, Outbound, Ring, hello, parse_hello, verdict};
+use ring::{ACK, HELLO_MAX, Outbound, Ring, hello, parse_hello, verdict};
 
 /// Between connection attempts while the next pod's init is not listening yet: a
 /// refusal costs a round trip, and the last pod to resolve should be reached at once.
@@ -103,10 +103,15 @@ async fn connect(address: &str, own: &str, deadline: Instant, next_past: bool) -
         }
         match tokio::time::timeout(left.min(ATTEMPT), TcpStream::connect(address)).await {
             Ok(Ok(mut s)) => {
-                // The peer may be a running pod's training process: what it does with
-                // the line is its own; the connection proved the path.
                 let _ = tokio::time::timeout(ATTEMPT, s.write_all(hello(own).as_bytes())).await;
-                return Outbound::Connected;
+                // A running pod's training process answers what it likes: the
+                // connection proved the path. A pod in its init answers the hello.
+                if next_past || acknowledged(&mut s).await {
+                    return Outbound::Connected;
+                }
+                last = Outbound::Failed(
+                    "its port took the connection, but its trainlet-init did not answer".into(),
+                );
             }
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 if next_past {
@@ -125,7 +130,17 @@ async fn connect(address: &str, own: &str, deadline: Instant, next_past: bool) -
     }
 }
 
-/// Accepts connections until the previous task's pod says hello, or the deadline.
+/// Whether the peer's trainlet-init acknowledged the hello ([`ACK`]).
+async fn acknowledged(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; ACK.len()];
+    matches!(
+        tokio::time::timeout(ATTEMPT, s.read_exact(&mut buf)).await,
+        Ok(Ok(_)) if buf == ACK.as_bytes()
+    )
+}
+
+/// Accepts connections until the previous task's pod says hello (and is answered), or
+/// the deadline.
 async fn accept(
     listener: &TcpListener,
     previous: &str,
@@ -158,7 +173,10 @@ async fn accept(
             }
         };
         match line.as_deref().and_then(parse_hello) {
-            Some(task) if task == previous => return true,
+            Some(task) if task == previous => {
+                let _ = tokio::time::timeout(ATTEMPT, s.write_all(ACK.as_bytes())).await;
+                return true;
+            }
             other => {
                 debug!(%from, hello = ?other, "pre-flight: a connection that is not the previous task's")
             }

@@ -70,6 +70,11 @@ pub fn hello(task: &str) -> String {
     format!("trainlet-preflight {task}\n")
 }
 
+/// What the accepting pod answers the previous task's hello with: the hello reached
+/// its trainlet-init, not merely some socket on the port (the kernel completes a
+/// connection for any listener, even one about to close).
+pub const ACK: &str = "trainlet-preflight ok\n";
+
 /// The task a hello names, if the line is one.
 pub fn parse_hello(line: &str) -> Option<&str> {
     let task = line
