@@ -243,6 +243,49 @@ pub(crate) fn kubectl_json(kc: &Path, args: &[&str]) -> Value {
     serde_json::from_str(&support::kubectl_on(kc, &a)).unwrap()
 }
 
+/// Waits until the Job has ended, and asserts that it completed (300 s at most).
+pub(crate) fn wait_complete(kc: &Path, ns: &str, name: &str) {
+    let t = Instant::now();
+    loop {
+        let job = kubectl_json(kc, &["get", "job", "-n", ns, name]);
+        let done = job["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["status"] == "True" && (c["type"] == "Complete" || c["type"] == "Failed"));
+        if let Some(c) = done {
+            assert_eq!(c["type"], "Complete", "job {name}: {job}");
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "job {name} not done in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The real node and a namespace of a scenario's own there, with trainlet's RBAC; None,
+/// said on stderr, where something the node needs is missing (root, the image
+/// archive).
+pub(crate) async fn namespace_on_node(
+    scenario: &str,
+    prefix: &str,
+) -> Option<(&'static Path, kube::Client, String)> {
+    let kc = match support::node() {
+        Ok(kc) => kc,
+        Err(missing) => {
+            eprintln!("bench: {scenario} on the real node: skipped: {missing}");
+            return None;
+        }
+    };
+    let client = support::client_from(kc).await;
+    let ns = support::namespace_with_labels(&client, prefix, &[]).await;
+    let manifests = support::repo().join("manifests");
+    support::kubectl_on(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    Some((kc, client, ns))
+}
+
 pub(crate) fn cri_time(line: &str) -> SystemTime {
     humantime::parse_rfc3339(line.split_whitespace().next().unwrap())
         .unwrap_or_else(|e| panic!("{line:?}: {e}"))
@@ -296,27 +339,8 @@ fn round(
     }
     assert!(apply.wait().unwrap().success(), "kubectl apply");
     // Both Jobs complete (the training containers exit after 3 s).
-    let t = Instant::now();
     for role in ["ps", "worker"] {
-        loop {
-            let job = kubectl_json(kc, &["get", "job", "-n", ns, &format!("{run}-{role}")]);
-            let done = job["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| {
-                    c["status"] == "True" && (c["type"] == "Complete" || c["type"] == "Failed")
-                });
-            if let Some(c) = done {
-                assert_eq!(c["type"], "Complete", "job {run}-{role}: {job}");
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(300),
-                "job {run}-{role} not done in 300 s"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        wait_complete(kc, ns, &format!("{run}-{role}"));
     }
     let peaks = sampler.finish();
     let pods = kubectl_json(
@@ -395,17 +419,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs the scenario; None, said on stderr, where something the node needs is missing
 /// (root, the image archive).
 pub async fn run() -> Option<Value> {
-    let kc = match support::node() {
-        Ok(kc) => kc,
-        Err(missing) => {
-            eprintln!("bench: on the real node: skipped: {missing}");
-            return None;
-        }
-    };
-    let client = support::client_from(kc).await;
-    let ns = support::namespace_with_labels(&client, "bench-node", &[]).await;
-    let manifests = support::repo().join("manifests");
-    support::kubectl_on(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let (kc, client, ns) = namespace_on_node("trainlet's init container", "bench-node").await?;
     let mut rounds = Vec::new();
     let mut last: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut memory: BTreeMap<(&str, String), Vec<u64>> = BTreeMap::new();

@@ -153,6 +153,15 @@ async fn once(client: &Client, kc: &Path, bin: &Path, n: usize, preflight: bool)
     (ms, failures)
 }
 
+/// Without, then with `--preflight`, in even rounds; the other way in odd ones.
+fn alternating(round: usize) -> [bool; 2] {
+    if round.is_multiple_of(2) {
+        [false, true]
+    } else {
+        [true, false]
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -166,11 +175,7 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
     for &n in sizes {
         let (mut without, mut with) = (Vec::new(), Vec::new());
         for round in 0..ROUNDS {
-            let mut order = [false, true];
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for preflight in order {
+            for preflight in alternating(round) {
                 eprintln!("bench: preflight N={n} round {round} --preflight={preflight}");
                 let (ms, failures) = once(client, kc, bin, n, preflight).await;
                 runs.push(json!({"n": n, "preflight": preflight, "all_done_ms": ms, "failures": failures}));
@@ -215,25 +220,11 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
 /// wrote `tf_config.json` (the container runtime's timestamps). None, said on stderr,
 /// where the node cannot start.
 pub async fn node_run() -> Option<Value> {
-    let kc = match support::node() {
-        Ok(kc) => kc,
-        Err(missing) => {
-            eprintln!("bench: pre-flight on the real node: skipped: {missing}");
-            return None;
-        }
-    };
-    let client = support::client_from(kc).await;
-    let ns = support::namespace_with_labels(&client, "bench-preflight", &[]).await;
-    let manifests = support::repo().join("manifests");
-    support::kubectl_on(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let (kc, client, ns) = crate::node::namespace_on_node("pre-flight", "bench-preflight").await?;
     let mut runs = Vec::new();
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let mut order = [false, true];
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for preflight in order {
+        for preflight in alternating(round) {
             eprintln!("bench: preflight on the node, N=3, round {round} --preflight={preflight}");
             let ms = node_once(
                 kc,
@@ -285,39 +276,10 @@ fn node_once(kc: &Path, ns: &str, name: &str, preflight: bool) -> f64 {
     if preflight {
         flags.push("--preflight");
     }
-    let mut doc = support::as_json(kc, &support::inject_printed(&plain, &flags));
-    doc["metadata"].as_object_mut().unwrap().remove("namespace");
+    let doc = support::as_json(kc, &support::inject_printed(&plain, &flags));
     let start = SystemTime::now();
-    let out = support::output_with_stdin(
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(kc)
-            .args(["apply", "-n", ns, "-f", "-"]),
-        doc.to_string().as_bytes(),
-    );
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t = Instant::now();
-    loop {
-        let job = crate::node::kubectl_json(kc, &["get", "job", "-n", ns, name]);
-        let done = job["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["status"] == "True" && (c["type"] == "Complete" || c["type"] == "Failed"));
-        if let Some(c) = done {
-            assert_eq!(c["type"], "Complete", "job {name}: {job}");
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "job {name} not done in 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    support::apply_clean(kc, ns, &doc);
+    crate::node::wait_complete(kc, ns, name);
     let pods = crate::node::kubectl_json(
         kc,
         &[

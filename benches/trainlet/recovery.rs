@@ -264,17 +264,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs the scenario; None, said on stderr, where something the node needs is missing
 /// (root, the image archive).
 pub async fn run() -> Option<Value> {
-    let kc = match support::node() {
-        Ok(kc) => kc,
-        Err(missing) => {
-            eprintln!("bench: recovery on the real node: skipped: {missing}");
-            return None;
-        }
-    };
-    let client = support::client_from(kc).await;
-    let ns = support::namespace_with_labels(&client, "bench-recovery", &[]).await;
-    let manifests = support::repo().join("manifests");
-    support::kubectl_on(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let (kc, client, ns) = crate::node::namespace_on_node("recovery", "bench-recovery").await?;
     let mut runs = Vec::new();
     for i in 0..ROUNDS {
         let order = if i % 2 == 0 {

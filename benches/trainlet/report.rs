@@ -964,6 +964,17 @@ pub fn recovery_markdown(r: &Value) -> String {
     s
 }
 
+/// The pre-flight runs of `n` agents with or without it: their times, ms.
+fn preflight_runs(runs: &Value, n: usize, preflight: bool) -> String {
+    runs.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["n"] == n && x["preflight"] == preflight)
+        .map(|x| format!("{:.0}", x["all_done_ms"].as_f64().unwrap_or(f64::NAN)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The markdown of the pre-flight scenario.
 pub fn preflight_markdown(r: &Value) -> String {
     let mut s = format!(
@@ -986,16 +997,7 @@ pub fn preflight_markdown(r: &Value) -> String {
         .collect();
     sizes.sort_by_key(|(n, _)| *n);
     for (n, v) in sizes {
-        let each = |pf: bool| {
-            r["runs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|x| x["n"] == n && x["preflight"] == pf)
-                .map(|x| format!("{:.0}", x["all_done_ms"].as_f64().unwrap_or(f64::NAN)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let each = |pf: bool| preflight_runs(&r["runs"], n, pf);
         s += &format!(
             "| {n} | {:.0} | {:.0} | {:.0} | {} / {} |\n",
             v["without_ms"].as_f64().unwrap_or(f64::NAN),
@@ -1007,16 +1009,7 @@ pub fn preflight_markdown(r: &Value) -> String {
     }
     let node = &r["node"];
     if node.is_object() {
-        let each = |pf: bool| {
-            node["runs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|x| x["preflight"] == pf)
-                .map(|x| format!("{:.0}", x["all_done_ms"].as_f64().unwrap_or(f64::NAN)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let each = |pf: bool| preflight_runs(&node["runs"], 3, pf);
         s += &format!(
             "\n**On the real node** (a 3-pod Indexed Job through `trainlet inject`, the shipped layout; from `kubectl apply` until the last trainlet-init wrote its file, by the container runtime's log timestamps): {:.0} ms without, {:.0} ms with `--preflight` (medians), {:.0} ms added; each run without / with: {} / {} ms.\n",
             node["without_ms"].as_f64().unwrap_or(f64::NAN),

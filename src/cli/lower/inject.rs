@@ -139,14 +139,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             }
             None => Vec::new(),
         },
-        // `trainlet exec` reads TF_CONFIG from --output-dir, whose default is the
-        // default mount path; the sidecar serves the pod's metrics, so the in-process
-        // reporters of `exec --report` must not bind the same port in the same pod.
-        wrap_env: (output_dir != defaults::OUTPUT_DIR)
-            .then(|| ("TRAINLET_OUTPUT_DIR".to_string(), output_dir.clone()))
-            .into_iter()
-            .chain([("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())])
-            .collect(),
+        wrap_env: wrap_env(&output_dir),
         metrics_port: defaults::METRICS_PORT,
         output_dir,
         observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
@@ -160,6 +153,18 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         resources,
         shm_size: a.shm_size.clone(),
     })
+}
+
+/// The wrapped container's env that inject owns. `trainlet exec` reads TF_CONFIG from
+/// --output-dir, whose default is the default mount path; the sidecar serves the pod's
+/// metrics, so the in-process reporters of
+/// `exec --report` must not bind the same port in the same pod.
+fn wrap_env(output_dir: &str) -> Vec<(String, String)> {
+    (output_dir != defaults::OUTPUT_DIR)
+        .then(|| ("TRAINLET_OUTPUT_DIR".to_string(), output_dir.to_string()))
+        .into_iter()
+        .chain([("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())])
+        .collect()
 }
 
 /// `inject --admission-policy`: what the policy adds (image, resources, ServiceAccount;
@@ -198,7 +203,7 @@ pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Fail
         image: a.image.trim().to_string(),
         init_args: Vec::new(),
         sidecar_args: Vec::new(),
-        wrap_env: vec![("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())],
+        wrap_env: wrap_env(&output_dir),
         metrics_port: defaults::METRICS_PORT,
         output_dir,
         observations_dir: defaults::OBSERVATIONS_DIR.to_string(),

@@ -102,6 +102,27 @@ pub(super) fn plain(text: &str) -> yaml::Scalar {
     }
 }
 
+/// The Prometheus scrape annotations of the pod: the sidecar's `/metrics`.
+pub(super) fn scrape_annotations(cfg: &InjectConfig) -> [(&'static str, String); 3] {
+    [
+        ("prometheus.io/scrape", "true".to_string()),
+        ("prometheus.io/port", cfg.metrics_port.to_string()),
+        ("prometheus.io/path", "/metrics".to_string()),
+    ]
+}
+
+/// The wrapped container's `trainlet exec` settings that inject owns, after the
+/// downward env: `wrap_env`, and the handover directory, since exec hands its
+/// observations to the sidecar instead of publishing them.
+pub(super) fn exec_env(cfg: &InjectConfig) -> Vec<Node> {
+    cfg.wrap_env
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .chain([("TRAINLET_OBSERVATIONS", cfg.observations_dir.as_str())])
+        .map(|(name, value)| Node::map([("name", Node::str(name)), ("value", Node::str(value))]))
+        .collect()
+}
+
 /// POD_NAME, POD_NAMESPACE and POD_UID from the downward API: who "self" is.
 pub(super) fn downward_env() -> Vec<Node> {
     [

@@ -7,8 +7,8 @@ use super::own::{
 };
 use super::parts::name_of;
 use super::parts::{
-    downward_env, init_container, mount, mount_of, observed_volume, plain, shm_volume, sidecar,
-    token_volume, volume,
+    downward_env, exec_env, init_container, mount, mount_of, observed_volume, plain,
+    scrape_annotations, shm_volume, sidecar, token_volume, volume,
 };
 use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
@@ -105,12 +105,9 @@ impl Ctx<'_> {
             .map_entry("metadata")
             .and_then(|m| m.map_entry("annotations"))
             .ok_or_else(|| self.shape(what, "metadata or its annotations is not a mapping"))?;
-        annotations.set("prometheus.io/scrape", Node::str("true"));
-        annotations.set(
-            "prometheus.io/port",
-            Node::str(cfg.metrics_port.to_string()),
-        );
-        annotations.set("prometheus.io/path", Node::str("/metrics"));
+        for (key, value) in scrape_annotations(cfg) {
+            annotations.set(key, Node::str(value));
+        }
 
         let Some(spec) = t.map_entry("spec") else {
             return Err(self.shape(what, "spec is not a mapping"));
@@ -373,17 +370,7 @@ impl Ctx<'_> {
                 format!("keeps container {name:?}'s own {}", kept.join(", ")),
             );
         }
-        for (name, value) in &cfg.wrap_env {
-            env.push(Node::map([
-                ("name", Node::str(name)),
-                ("value", Node::str(value)),
-            ]));
-        }
-        // exec hands its observations to the sidecar instead of publishing them.
-        env.push(Node::map([
-            ("name", Node::str("TRAINLET_OBSERVATIONS")),
-            ("value", Node::str(&cfg.observations_dir)),
-        ]));
+        env.extend(exec_env(cfg));
         Ok(())
     }
 }

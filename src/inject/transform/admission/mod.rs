@@ -23,7 +23,8 @@
 use serde_json::Value;
 
 use super::parts::{
-    downward_env, init_container, mount, mount_of, observed_volume, sidecar, token_volume, volume,
+    downward_env, exec_env, init_container, mount, mount_of, observed_volume, scrape_annotations,
+    sidecar, token_volume, volume,
 };
 use crate::inject::yaml::to_json;
 
@@ -31,10 +32,10 @@ mod cel;
 mod settings;
 mod validate;
 
-use super::{InjectConfig, OBSERVED_VOLUME};
+use super::{INIT_CONTAINER, InjectConfig, OBSERVED_VOLUME, SIDECAR};
 use crate::flags;
 pub use cel::cel;
-use cel::{RAW, cel_string, raw};
+use cel::{cel_string, raw};
 use settings::annotation;
 pub use settings::{LABEL, NAME, PREFIX, Setting, Settings, WRAP};
 use validate::{valid_expression, validations};
@@ -69,14 +70,11 @@ fn args(settings: &[Setting]) -> String {
     }
 }
 
-/// `cfg` with `wrap` set or not, and the argument lists as the CEL variables.
+/// `cfg` with a container to wrap or none: what trainlet's own containers mount
+/// depends on it.
 fn shape(cfg: &InjectConfig, wrapped: bool) -> InjectConfig {
     let mut c = cfg.clone();
     c.wrap = wrapped.then(|| "wrapped".to_string());
-    c.classic_sidecar = false;
-    c.shm_size = None;
-    c.init_args = vec![format!("{RAW}variables.initArgs")];
-    c.sidecar_args = Vec::new();
     c
 }
 
@@ -156,27 +154,16 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
         ))]),
         &format!("{containers_ty}.volumeMounts"),
     );
-    let mut exec_env: Vec<Value> = downward_env().iter().map(to_json).collect();
-    let downward_names: Vec<String> = exec_env
-        .iter()
-        .filter_map(|e| e["name"].as_str().map(cel_string))
-        .collect();
-    let own_env: Vec<Value> = cfg
-        .wrap_env
-        .iter()
-        .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
-        .chain([serde_json::json!({
-            "name": "TRAINLET_OBSERVATIONS",
-            "value": cfg.observations_dir,
-        })])
-        .collect();
+    let own_env: Vec<Value> = exec_env(cfg).iter().map(to_json).collect();
     let env_ty = format!("{containers_ty}.env");
-    let downward = exec_env
-        .drain(..)
-        .zip(&downward_names)
-        .map(|(e, n)| {
+    // The downward env where the container does not set that variable itself.
+    let downward = downward_env()
+        .iter()
+        .map(to_json)
+        .map(|e| {
             format!(
-                "((has(object.spec.containers[i].env) ? object.spec.containers[i].env : []).exists(e, e.name == {n}) ? [] : [{}])",
+                "((has(object.spec.containers[i].env) ? object.spec.containers[i].env : []).exists(e, e.name == {}) ? [] : [{}])",
+                cel_string(e["name"].as_str().unwrap_or_default()),
                 cel(&e, &env_ty)
             )
         })
@@ -187,7 +174,6 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
         cel_string(&format!("{}/trainlet", cfg.install_to)),
         cel_string(flags::EXEC),
     );
-    let metrics_port = cfg.metrics_port;
     let sa = cel_string(&cfg.service_account);
     let tf_port = settings.default_port;
     let port = annotation(flags::PORT);
@@ -198,6 +184,7 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
     ));
     let wrap_key = cel_string(&format!("{PREFIX}{WRAP}"));
     let label = cel_string(LABEL);
+    let (init_name, sidecar_name) = (cel_string(INIT_CONTAINER), cel_string(SIDECAR));
     let init_args = args(&settings.init);
     let exec_args = format!("['--{}'] + {}", flags::REPORT, args(&settings.exec));
     let unmount_init = unmount(
@@ -220,11 +207,7 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
         &format!("{at} + \"/env\""),
         &format!("{downward} + {}", cel(&Value::Array(own_env), &env_ty)),
     );
-    let scrape = [
-        ("prometheus.io/scrape", "true".to_string()),
-        ("prometheus.io/port", metrics_port.to_string()),
-        ("prometheus.io/path", "/metrics".to_string()),
-    ]
+    let scrape = scrape_annotations(cfg)
     .iter()
     .map(|(k, v)| {
         format!(
@@ -284,7 +267,7 @@ spec:
     - name: not-injected
       expression: >-
         !has(object.spec.initContainers) ||
-        !object.spec.initContainers.exists(c, c.name == 'trainlet-init' || c.name == 'trainlet')
+        !object.spec.initContainers.exists(c, c.name == {init_name} || c.name == {sidecar_name})
     # Settings that the ValidatingAdmissionPolicy {NAME} rejects with a message: not
     # mutated, so that its message is what the user sees.
     - name: valid
