@@ -56,9 +56,18 @@ async fn install(kc: &Path, ns: &str) {
         json!({"trainlet.io/job": "worker=app=probe"}),
         json!([container("main", json!(["true"]))]),
     );
+    // A pod that opts in without its required setting: refused once the validating
+    // policy is loaded, which the API server does apart from the mutating one.
+    let unset = labelled(
+        "unset",
+        json!({}),
+        json!([container("main", json!(["true"]))]),
+    );
     eventually("the policies to apply", Duration::from_secs(60), || async {
         let out = dry_run(kc, ns, &probe);
-        (out["spec"]["initContainers"][0]["name"] == "trainlet-init").then_some(())
+        let mutated = out["spec"]["initContainers"][0]["name"] == "trainlet-init";
+        let validated = !create_dry_run(kc, ns, &unset, "name").status.success();
+        (mutated && validated).then_some(())
     })
     .await;
 }
@@ -106,10 +115,10 @@ fn restricted_spec(containers: Value, inits: Value, volumes: Value) -> Value {
     spec
 }
 
-/// The pod the API server would create of `doc` (admission, defaults), failing on an
-/// error or a warning (Pod Security's included).
-fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
-    let out = output_with_stdin(
+/// `kubectl create --dry-run=server -o OUTPUT` of `doc`: what the API server would
+/// do with it (admission, defaults), without creating it.
+fn create_dry_run(kc: &Path, ns: &str, doc: &Value, output: &str) -> std::process::Output {
+    output_with_stdin(
         std::process::Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(kc)
@@ -117,14 +126,20 @@ fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
                 "create",
                 "--dry-run=server",
                 "-o",
-                "json",
+                output,
                 "-n",
                 ns,
                 "-f",
                 "-",
             ]),
         doc.to_string().as_bytes(),
-    );
+    )
+}
+
+/// The pod the API server would create of `doc`, failing on an error or a warning (Pod
+/// Security's included).
+fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
+    let out = create_dry_run(kc, ns, doc, "json");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "kubectl create failed:\n{stderr}");
     assert!(
@@ -136,22 +151,7 @@ fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
 
 /// The API server's refusal of `doc`.
 fn refused(kc: &Path, ns: &str, doc: &Value) -> String {
-    let out = output_with_stdin(
-        std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(kc)
-            .args([
-                "create",
-                "--dry-run=server",
-                "-o",
-                "name",
-                "-n",
-                ns,
-                "-f",
-                "-",
-            ]),
-        doc.to_string().as_bytes(),
-    );
+    let out = create_dry_run(kc, ns, doc, "name");
     assert!(
         !out.status.success(),
         "accepted: {}",
@@ -162,18 +162,8 @@ fn refused(kc: &Path, ns: &str, doc: &Value) -> String {
 
 /// `trainlet inject -f - FLAGS` of `doc`, as JSON.
 fn injected(doc: &Value, flags: &[&str]) -> Value {
-    let out = output_with_stdin(
-        trainlet().args(["inject", "-f", "-"]).args(flags),
-        doc.to_string().as_bytes(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yaml = String::from_utf8(out.stdout).unwrap();
     // kubectl gives the object its kubeconfig's namespace; it goes into the test's.
-    let mut doc = as_json(kubeconfig(), &yaml);
+    let mut doc = as_json(kubeconfig(), &inject_printed(doc, flags));
     doc["metadata"].as_object_mut().unwrap().remove("namespace");
     doc
 }
