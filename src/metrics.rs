@@ -393,10 +393,21 @@ pub fn bind_or_any_port(
 }
 
 /// Serves `/metrics`, `/livez` and `/readyz` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Readiness) {
+///
+/// Says so at once, not in the spawned task: the sidecar's startup probe passes once the
+/// port listens, and its first line must come before the training container's.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    ready: Readiness,
+) -> impl Future<Output = ()> {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /livez and /readyz");
     }
+    accept(listener, metrics, ready)
+}
+
+async fn accept(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Readiness) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let burst = Arc::new(AtomicBool::new(false));
     loop {

@@ -653,6 +653,8 @@ fn the_hostnetwork_example_is_inject_output_with_its_ports_edited() {
         inits[1].as_object_mut().unwrap().remove("ports"),
         Some(serde_json::json!([{"name": "trainlet", "containerPort": 9464}]))
     );
+    assert_eq!(inits[1]["startupProbe"]["tcpSocket"]["port"], "trainlet");
+    inits[1]["startupProbe"]["tcpSocket"]["port"] = 9465.into();
     assert_eq!(
         spec["containers"][0]["command"],
         serde_json::json!([

@@ -376,8 +376,9 @@ async fn pytorch_all_reduces_with_gloo_across_three_pods_of_an_indexed_job() {
 /// 2. The native sidecar (an init container with `restartPolicy: Always`) runs before
 /// the training container starts and after it ends, and does not hold the Job: the
 /// Job completes. The kubelet's container times (seconds) are in that order; the
-/// containers' log lines (the CRI's nanosecond times) strictly so; the training
-/// container finds the sidecar's metrics port already listening in the pod's network
+/// containers' log lines (the CRI's nanosecond times) strictly so, because the kubelet
+/// starts the training container only once the sidecar's startup probe finds its
+/// metrics port listening; the training container finds it so in the pod's network
 /// namespace; the sidecar's last line is its SIGTERM from the kubelet, after the
 /// training container ended; it exits 0, never restarted.
 #[tokio::test]

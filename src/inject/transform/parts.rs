@@ -261,8 +261,33 @@ pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
             1,
             (yaml::Scalar::string("restartPolicy"), Node::str("Always")),
         );
+        c.set("startupProbe", startup_probe());
     }
     c
+}
+
+/// How long the kubelet waits for the sidecar to serve, in probes one second apart.
+const STARTUP_PROBES: u32 = 30;
+
+/// The kubelet starts the training container once the native sidecar counts as
+/// started: without a startup probe, as soon as its process exists, which can be
+/// before the sidecar has run a line of its own. With this one, once its metrics port
+/// listens, which is the sidecar's first step. A probe of the socket, not of `/livez`:
+/// with `hostNetwork`, another process of the node may hold the port (the sidecar then
+/// serves on another one and says so), and the training container must not wait for
+/// the sidecar's port there.
+fn startup_probe() -> Node {
+    Node::map([
+        (
+            "tcpSocket",
+            Node::map([("port", Node::str(METRICS_PORT_NAME))]),
+        ),
+        ("periodSeconds", Node::Scalar(plain("1"))),
+        (
+            "failureThreshold",
+            Node::Scalar(plain(&STARTUP_PROBES.to_string())),
+        ),
+    ])
 }
 
 /// The `name` of a container, volume or env entry.
