@@ -83,6 +83,7 @@ pub const ON_STALL: &str = "on-stall";
 pub const PROGRESS_PATTERN: &str = "progress-pattern";
 pub const RESTART_GRACE: &str = "restart-grace";
 pub const RESTART_BACKOFF: &str = "restart-backoff";
+pub const NO_KUBEFLOW_ENDPOINT: &str = "no-kubeflow-endpoint";
 
 // `inject`.
 pub const FILENAME: &str = "filename";

@@ -51,6 +51,8 @@ pub mod heap;
 pub mod inject;
 /// Kubernetes client, the pod's own identity, and API errors that name what RBAC lacks.
 pub mod kube;
+/// Kubeflow Trainer's progress endpoint, which `trainlet exec` serves to CMD.
+pub mod kubeflow;
 /// Logging setup: human-readable by default, JSON for clusters.
 pub mod logging;
 /// Prometheus metrics and the admin HTTP server (`/metrics`, `/livez`, `/readyz`).

@@ -129,6 +129,39 @@ pub struct ProgressMetrics {
     pub stalled: Family<ContainerLabel, Gauge>,
     pub silent: Family<ContainerLabel, Gauge>,
     pub stalls: Counter,
+    /// What CMD reports through the Kubeflow progress endpoint.
+    pub reported_percent: Family<ContainerLabel, Gauge>,
+    pub reported_eta: Family<ContainerLabel, Gauge>,
+    pub reported_metric: Family<MetricLabel, Gauge<f64, AtomicU64>>,
+    /// The names that have a series: at most [`MAX_REPORTED_NAMES`].
+    reported_names: std::sync::Mutex<std::collections::HashSet<MetricLabel>>,
+}
+
+/// The most series of reported metrics: the names are CMD's to choose, and every new
+/// one would be a series for as long as the process lives.
+pub const MAX_REPORTED_NAMES: usize = 64;
+
+impl ProgressMetrics {
+    /// Sets a reported metric's series, unless it would be one too many.
+    pub fn set_reported_metric(&self, label: MetricLabel, value: f64) {
+        let Ok(mut names) = self.reported_names.lock() else {
+            return;
+        };
+        if !names.contains(&label) {
+            if names.len() >= MAX_REPORTED_NAMES {
+                return;
+            }
+            names.insert(label.clone());
+        }
+        self.reported_metric.get_or_create(&label).set(value);
+    }
+}
+
+/// A metric CMD reported by name (at most 16 names a report).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetricLabel {
+    pub container: String,
+    pub name: String,
 }
 
 impl Default for Metrics {
@@ -255,6 +288,21 @@ impl Metrics {
             "stalls",
             "Stalls of CMD: no progress for trainlet exec --stall-after",
             m.progress.stalls.clone(),
+        );
+        registry.register(
+            "reported_progress_percent",
+            "The progress percentage CMD last reported through the Kubeflow progress endpoint, by container",
+            m.progress.reported_percent.clone(),
+        );
+        registry.register(
+            "reported_remaining_seconds",
+            "The estimated time remaining CMD last reported through the Kubeflow progress endpoint, by container",
+            m.progress.reported_eta.clone(),
+        );
+        registry.register(
+            "reported_metric",
+            "A numeric metric CMD last reported through the Kubeflow progress endpoint, by container and name",
+            m.progress.reported_metric.clone(),
         );
         registry.register(
             "observations",

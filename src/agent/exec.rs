@@ -17,11 +17,25 @@ use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
 use crate::signal::{self, Signals};
 use crate::stall::peers::PeerStall;
+use crate::stall::progress::{Metric, Reported};
 use crate::stall::watching::News;
 use crate::supervise::child::Child;
 use crate::supervise::lifecycle::{self, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
-use crate::{Code, Failure, flags};
+use crate::{Code, Failure, flags, kubeflow};
+
+/// A report through the Kubeflow endpoint, as the progress watch keeps it.
+fn reported(s: kubeflow::request::TrainerStatus) -> Reported {
+    Reported {
+        percent: s.percent,
+        eta_seconds: s.eta_seconds,
+        metrics: s
+            .metrics
+            .into_iter()
+            .map(|(name, value)| Metric { name, value })
+            .collect(),
+    }
+}
 
 impl Engine {
     /// Exec with `--on-peer-change restart|exit`: the stale cluster to act on, while
@@ -43,6 +57,7 @@ pub async fn exec_reporter(
     cmd: std::process::Command,
     program: &str,
     own_ports: Vec<u16>,
+    kubeflow: Option<kubeflow::server::Prepared>,
 ) -> Result<(Engine, Signals, Child), ReportError> {
     cfg.ports.extend(own_ports);
     let mut engine = Engine::new(cfg);
@@ -65,6 +80,12 @@ pub async fn exec_reporter(
         }
     }
     let watch = engine.progress.watching.as_ref().map(|w| w.watch.clone());
+    if let (Some(k), Some(w)) = (kubeflow, watch.clone()) {
+        tokio::spawn(k.serve(move |s| {
+            let step = s.step();
+            w.report(reported(s), step, SystemTime::now());
+        }));
+    }
     let mut child = lifecycle::spawn(cmd, program, watch.as_ref())?;
     // What NVML shows, before anything is handed over: a CMD that ends at once must
     // not leave the sidecar a GPU count of 0 that nothing probed.

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::Engine;
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
-use crate::metrics::ContainerLabel;
+use crate::metrics::{ContainerLabel, MetricLabel};
 use crate::stall::peers::annotation;
-use crate::stall::progress::Progress;
+use crate::stall::progress::{Progress, Reported};
 use crate::stall::watching::Watching;
 
 impl Engine {
@@ -52,6 +52,34 @@ impl Engine {
                 .get_or_create(&label)
                 .set(step);
         }
+        if let Some(r) = &p.reported {
+            self.set_reported_metrics(&label, r);
+        }
+    }
+
+    /// A report through the Kubeflow endpoint: its percentage, ETA and numeric
+    /// metrics (a value that is no number has no series).
+    fn set_reported_metrics(&self, label: &ContainerLabel, r: &Reported) {
+        let m = &self.metrics.progress;
+        if let Some(p) = r.percent {
+            m.reported_percent.get_or_create(label).set(i64::from(p));
+        }
+        if let Some(e) = r.eta_seconds {
+            m.reported_eta.get_or_create(label).set(i64::from(e));
+        }
+        for metric in &r.metrics {
+            if let Ok(v) = metric.value.trim().parse::<f64>()
+                && v.is_finite()
+            {
+                m.set_reported_metric(
+                    MetricLabel {
+                        container: label.container.clone(),
+                        name: metric.name.clone(),
+                    },
+                    v,
+                );
+            }
+        }
     }
 
     /// `trainlet.io/progress` as of now, for the annotations: exec's own progress
@@ -65,6 +93,7 @@ impl Engine {
                 let p = Progress {
                     at: o.at_ms.map(crate::time::from_ms),
                     step: o.step,
+                    reported: o.reported.clone(),
                     ..Progress::default()
                 };
                 self.set_progress_metrics(&p, o.after_ms.map(|_| (o.stalled, o.silent)));

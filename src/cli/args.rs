@@ -403,6 +403,17 @@ pub struct ExecArgs {
     #[command(flatten)]
     pub stall: StallArgs,
 
+    /// Do not serve Kubeflow Trainer's progress endpoint. While exec watches CMD's
+    /// progress (--stall-after, --progress-pattern) it serves it on 127.0.0.1 over TLS
+    /// and gives CMD KUBEFLOW_TRAINER_SERVER_URL, _CA_CERT and _TOKEN, unless CMD's
+    /// environment has them (Kubeflow Trainer's own): the Kubeflow SDK's
+    /// update_trainjob_status() and Transformers' KubeflowCallback then report
+    /// percentage, time remaining and metrics to exec. A report is progress, its
+    /// current_step the step; trainlet.io/progress and the metrics publish the rest.
+    /// See docs/stall-watch.md.
+    #[arg(long = flags::NO_KUBEFLOW_ENDPOINT, env = "TRAINLET_NO_KUBEFLOW_ENDPOINT")]
+    pub no_kubeflow_endpoint: bool,
+
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

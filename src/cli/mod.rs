@@ -99,9 +99,9 @@ pub enum Command {
     /// Add trainlet to the pod templates of Kubernetes YAML (like `linkerd inject`).
     Inject(InjectArgs),
     /// Show a job's pods as trainlet sees them (task, IP, phase, health, GPUs, cluster,
-    /// restarts, progress, last OOM kill, last Event) and one verdict for the job (`not
-    /// admitted` while the Job or JobSet is suspended, as Kueue holds it). A job that
-    /// does not exist exits 2. Reads only: get on the Job or JobSet, get/list on pods
+    /// restarts, progress, ETA, last OOM kill, last Event) and one verdict for the job
+    /// (`not admitted` while the Job or JobSet is suspended, as Kueue holds it). A job
+    /// that does not exist exits 2. Reads only: get on the Job or JobSet, get/list on pods
     /// and events, no watch. Also `kubectl trainlet status` when installed as the
     /// kubectl plugin `kubectl-trainlet`.
     Status(StatusArgs),

@@ -26,7 +26,7 @@ use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
 use crate::supervise::lifecycle::Supervisor;
 use crate::supervise::lifecycle::{Respawner, command, read_outputs};
-use crate::{Exit, Failure, bootstrap};
+use crate::{Exit, Failure, bootstrap, kubeflow};
 use tracing::warn;
 
 pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
@@ -69,10 +69,16 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     };
     let program = args.command[0].clone();
     let ports = frameworks::listen_ports(&env, tf.own_port());
+    let kubeflow = report
+        .as_ref()
+        .filter(|cfg| cfg.progress.is_some() && !args.no_kubeflow_endpoint)
+        .and_then(|_| kubeflow_endpoint(&mut private));
+    let kubeflow_env = kubeflow.as_ref().map(|k| k.env.clone()).unwrap_or_default();
     let with_heartbeat = move |mut cmd: std::process::Command| {
         if let Some(h) = &heartbeat {
             cmd.env(HEARTBEAT_ENV, h);
         }
+        cmd.envs(kubeflow_env.iter().map(|(k, v)| (k, v)));
         cmd
     };
     let cmd = with_heartbeat(command(&args.command, env, &dir));
@@ -107,7 +113,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         };
         let ended = super::runtime()?.block_on(async {
             let (mut reporter, mut signals, cmd) =
-                agent::exec_reporter(cfg, cmd, &program, ports).await?;
+                agent::exec_reporter(cfg, cmd, &program, ports, kubeflow).await?;
             Supervisor::new(cmd, respawner)
                 .run(&mut reporter, &mut signals)
                 .await
@@ -183,6 +189,36 @@ fn create_regular(path: &Path) -> std::io::Result<()> {
 /// when `private` is dropped. A name anyone can predict (`trainlet-<pid>`, once) could
 /// be taken first, by a directory or a symlink leading exec to truncate another file,
 /// and it stayed behind.
+/// Kubeflow Trainer's progress endpoint for CMD, its files in exec's private
+/// directory; none where CMD already has Trainer's variables (Trainer's own endpoint)
+/// or it cannot be made (said, and CMD runs without it). The path names the pod's
+/// namespace and the pod: without Trainer there is no TrainJob.
+fn kubeflow_endpoint(
+    private: &mut Option<tempfile::TempDir>,
+) -> Option<kubeflow::server::Prepared> {
+    let set = [
+        kubeflow::URL_ENV,
+        kubeflow::CA_CERT_ENV,
+        kubeflow::TOKEN_ENV,
+    ]
+    .into_iter()
+    .find(|v| std::env::var_os(v).is_some());
+    if let Some(v) = set {
+        tracing::info!("{v} is set: the command reports to that Kubeflow endpoint, not to exec's");
+        return None;
+    }
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
+    let name = var("POD_NAME")
+        .or_else(|| var("HOSTNAME"))
+        .unwrap_or_else(|| "trainlet".into());
+    private_dir(private)
+        .map_err(kubeflow::KubeflowError::Listen)
+        .and_then(|dir| kubeflow::server::prepare(&dir, &namespace, &name))
+        .map_err(|e| warn!("no Kubeflow progress endpoint for the command: {e}"))
+        .ok()
+}
+
 fn private_dir(private: &mut Option<tempfile::TempDir>) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match private.take() {

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::progress::Reported;
+
 /// CMD's progress as exec watches it, for the sidecar to publish
 /// (`trainlet.io/progress`, the `Stalled` Event, the progress metrics).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,4 +33,7 @@ pub struct ProgressObservation {
     /// The last stall's note (the Event's text).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// What CMD last reported through the Kubeflow progress endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<Reported>,
 }

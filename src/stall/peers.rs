@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::observation::ProgressObservation;
+use super::progress::Reported;
 use crate::time;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
@@ -31,6 +32,10 @@ pub struct Annotation {
     /// [`MAX_RELAYED`], the earliest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relayed: Vec<Relayed>,
+    /// What CMD last reported through the Kubeflow progress endpoint: `percent`,
+    /// `eta_seconds`, `metrics`.
+    #[serde(default, flatten)]
+    pub reported: Reported,
 }
 
 /// Another pod's stall, as the resolver pod relays it.
@@ -77,6 +82,7 @@ pub fn annotation(
                 stalled: s.ongoing,
             })
             .collect(),
+        reported: o.reported.clone().unwrap_or_default(),
     };
     let Some(prev) = previous else {
         return fresh;
@@ -87,6 +93,7 @@ pub fn annotation(
         || prev.stalls != fresh.stalls
         || prev.silent != fresh.silent
         || prev.relayed != fresh.relayed
+        || prev.reported.percent != fresh.reported.percent
     {
         return fresh;
     }
@@ -177,6 +184,7 @@ mod tests {
             stalls,
             after_ms: None,
             note: String::new(),
+            reported: None,
         }
     }
     #[test]

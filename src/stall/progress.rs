@@ -186,7 +186,33 @@ pub struct Progress {
     pub line: String,
     /// Whether `line` gave `step` (a matching line without a number does not).
     pub stepped: bool,
+    /// What CMD last reported through the Kubeflow progress endpoint.
+    pub reported: Option<Reported>,
 }
+
+/// A report through the Kubeflow progress endpoint ([`crate::kubeflow`]), as published
+/// (`trainlet.io/progress`) and handed over to the sidecar.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Reported {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u32>,
+    /// At most [`MAX_REPORTED_METRICS`], in the order sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<Metric>,
+}
+
+/// One named metric of a report: its value as sent, text.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Metric {
+    pub name: String,
+    pub value: String,
+}
+
+/// The most metrics of a report that are published: an annotation is patched and
+/// read by every peer, and a metric is a Prometheus series.
+pub const MAX_REPORTED_METRICS: usize = 16;
 
 impl Progress {
     /// One complete output line, at `now`.
@@ -200,6 +226,17 @@ impl Progress {
         }
         self.stepped = step.is_some();
         self.line = quote(line);
+    }
+
+    /// A report through the Kubeflow endpoint at `now`: progress, with its step
+    /// ([`step`]) when it gives one.
+    pub fn on_report(&mut self, mut reported: Reported, step_given: Option<f64>, now: SystemTime) {
+        self.at = Some(now);
+        if let Some(s) = step_given.and_then(step) {
+            self.step = Some(s);
+        }
+        reported.metrics.truncate(MAX_REPORTED_METRICS);
+        self.reported = Some(reported);
     }
 
     /// The heartbeat file changed ([`Heartbeat::changed`]), as exec saw at `now`: the

@@ -88,6 +88,7 @@ fn progress_keeps_the_last_step_and_line() {
             step: Some(3.0),
             line: "eval".into(),
             stepped: false,
+            reported: None,
         }
     );
 }
@@ -291,6 +292,7 @@ fn the_note_says_what_was_seen() {
         step: Some(145.0),
         line: "step 145 loss 0.3".into(),
         stepped: true,
+        reported: None,
     };
     assert_eq!(
         stalled_note(Duration::from_millis(5400), &p, Some(99.6), &[97, 100]),

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use super::progress::{Pattern, Progress};
+use super::progress::{Pattern, Progress, Reported};
 
 /// What the copy threads share with the reporter.
 #[derive(Debug, Default)]
@@ -24,6 +24,13 @@ impl Watch {
     /// The last progress, as of now.
     pub fn progress(&self) -> Progress {
         self.progress.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// A report through the Kubeflow endpoint, at `now`.
+    pub fn report(&self, reported: Reported, step: Option<f64>, now: SystemTime) {
+        if let Ok(mut p) = self.progress.lock() {
+            p.on_report(reported, step, now);
+        }
     }
 
     /// The heartbeat file changed, as exec saw at `now`.

@@ -82,6 +82,7 @@ impl Watching {
             stalls: self.stall.as_ref().map_or(0, |s| s.stalls),
             after_ms: self.stall.as_ref().map(|s| s.after.as_millis() as u64),
             note: self.note.clone(),
+            reported: p.reported,
         }
     }
 

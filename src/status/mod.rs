@@ -51,6 +51,9 @@ pub struct PodRow {
     /// CMD's last progress under `trainlet exec --stall-after`: `step 42 at 12:03:04Z`,
     /// or `stalled since 12:01:00Z (step 42)`; empty without a progress watch.
     pub progress: String,
+    /// The time remaining CMD last reported through the Kubeflow progress endpoint:
+    /// `13m15s`; empty when it reported none.
+    pub eta: String,
     /// Whether CMD is stalled now.
     pub stalled: bool,
     /// The reason of the newest Event about the pod.
@@ -190,6 +193,7 @@ pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
             .as_ref()
             .map(|p| cell(&progress(p, today)))
             .unwrap_or_default(),
+        eta: progress_value.as_ref().map(eta).unwrap_or_default(),
         stalled: progress_value.is_ok_and(|p| p["stalled"] == true),
         last_event: cell(&last_event(&name, events)),
         pod: cell(&name),
@@ -266,9 +270,30 @@ fn last_oom(report: &Value, today: &str) -> String {
     }
 }
 
-/// `trainlet.io/progress` in a few words: the last step and when, or since when CMD
-/// is stalled.
+/// `trainlet.io/progress` in a few words: the percentage CMD reported, then the last
+/// step and when, or since when CMD is stalled.
 fn progress(p: &Value, today: &str) -> String {
+    let words = progress_words(p, today);
+    match p["percent"].as_u64().filter(|n| *n <= 100) {
+        Some(n) if words.is_empty() => format!("{n}%"),
+        Some(n) => format!("{n}%, {words}"),
+        None => words,
+    }
+}
+
+/// The time remaining CMD reported, `1h2m3s`.
+fn eta(p: &Value) -> String {
+    p["eta_seconds"]
+        .as_u64()
+        .map(|s| {
+            humantime::format_duration(std::time::Duration::from_secs(s))
+                .to_string()
+                .replace(' ', "")
+        })
+        .unwrap_or_default()
+}
+
+fn progress_words(p: &Value, today: &str) -> String {
     let clock = |k: &str| p[k].as_str().map(|t| clock(t, today));
     let step = p["step"]
         .as_f64()
@@ -514,6 +539,7 @@ pub fn table(view: &View) -> String {
         "CLUSTER",
         "RESTARTS",
         "PROGRESS",
+        "ETA",
         "LAST OOM",
         "LAST EVENT",
     ];
@@ -536,6 +562,7 @@ pub fn table(view: &View) -> String {
             dash(&r.cluster),
             r.restarts.to_string(),
             dash(&r.progress),
+            dash(&r.eta),
             dash(&r.last_oom),
             dash(&r.last_event),
         ]);

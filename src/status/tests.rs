@@ -66,7 +66,7 @@ fn a_pod_row_takes_what_the_agents_published() {
             "trainlet.io/health": "degraded",
             "trainlet.io/cluster": "stale: worker/0 10.0.0.7 → 10.0.0.19",
             "trainlet.io/report": report.to_string(),
-            "trainlet.io/progress": r#"{"at":"2026-11-23T12:04:00Z","step":41.0,"stalled":false,"since":"2026-11-23T11:00:00.250Z","stalls":1}"#
+            "trainlet.io/progress": r#"{"at":"2026-11-23T12:04:00Z","step":41.0,"stalled":false,"since":"2026-11-23T11:00:00.250Z","stalls":1,"percent":45,"eta_seconds":795}"#
         }),
         json!({"status": {"containerStatuses": [
             {"name": "trainer", "image": "x", "imageID": "", "ready": true, "restartCount": 1}
@@ -90,7 +90,8 @@ fn a_pod_row_takes_what_the_agents_published() {
             cluster: "stale: worker/0 10.0.0.7 → 10.0.0.19".into(),
             restarts: 3,
             last_oom: "python (pid 812) in trainer at 12:03:04Z".into(),
-            progress: "step 41 at 12:04:00Z".into(),
+            progress: "45%, step 41 at 12:04:00Z".into(),
+            eta: "13m15s".into(),
             stalled: false,
             last_event: "GPUCountMismatch".into(),
         }
@@ -251,9 +252,9 @@ fn the_table_aligns_its_columns_and_dashes_what_is_unknown() {
     assert_eq!(
         table(&view("Job mnist", None, &pods, &events, TODAY)),
         "\
-TASK       POD   IP         PHASE     HEALTH   GPUS   CLUSTER   RESTARTS   PROGRESS   LAST OOM   LAST EVENT
-worker/0   w-0   10.0.0.3   Running   ok       4/4    current   0          -          -          PeersResolved
--          w-1   10.0.0.3   Pending   -        -      -         0          -          -          -
+TASK       POD   IP         PHASE     HEALTH   GPUS   CLUSTER   RESTARTS   PROGRESS   ETA   LAST OOM   LAST EVENT
+worker/0   w-0   10.0.0.3   Running   ok       4/4    current   0          -          -     -          PeersResolved
+-          w-1   10.0.0.3   Pending   -        -      -         0          -          -     -          -
 Job mnist: starting: 1 of 2 pods running; waiting for w-1 Pending
 "
     );

@@ -167,10 +167,10 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
         .await;
 
     let want = "\
-TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   PROGRESS   LAST OOM   LAST EVENT
-worker/0   mnist-0   10.1.0.2   Running   ok         4/4    current   0          -          -          -
-worker/1   mnist-1   10.1.0.3   Running   degraded   2/4    current   0          -          -          GPUCountMismatch
--          mnist-2   -          Pending   -          -      -         0          -          -          -
+TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   PROGRESS   ETA   LAST OOM   LAST EVENT
+worker/0   mnist-0   10.1.0.2   Running   ok         4/4    current   0          -          -     -          -
+worker/1   mnist-1   10.1.0.3   Running   degraded   2/4    current   0          -          -     -          GPUCountMismatch
+-          mnist-2   -          Pending   -          -      -         0          -          -     -          -
 Job mnist: degraded: mnist-1 (container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"]))
 ";
     let r = run(trainlet()
@@ -277,7 +277,7 @@ async fn status_reads_the_job_itself_not_admitted_jobsets_and_missing_jobs() {
         (
             0,
             "\
-TASK   POD   IP   PHASE   HEALTH   GPUS   CLUSTER   RESTARTS   PROGRESS   LAST OOM   LAST EVENT
+TASK   POD   IP   PHASE   HEALTH   GPUS   CLUSTER   RESTARTS   PROGRESS   ETA   LAST OOM   LAST EVENT
 Job queued: not admitted: suspended in Kueue queue gpu (spec.suspend: true)
 "
         ),
@@ -450,9 +450,9 @@ async fn status_reads_what_a_real_sidecar_and_exec_published() {
     let w = stalled.len();
     let want = format!(
         "\
-TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   {:w$}   LAST OOM   LAST EVENT
-worker/0   mnist-0   10.1.0.2   Running   ok         4/4    -         0          {stalled}   -          Stalled
-worker/1   mnist-1   10.1.0.3   Running   degraded   3/4    -         0          {:w$}   -          GPULost
+TASK       POD       IP         PHASE     HEALTH     GPUS   CLUSTER   RESTARTS   {:w$}   ETA   LAST OOM   LAST EVENT
+worker/0   mnist-0   10.1.0.2   Running   ok         4/4    -         0          {stalled}   -     -          Stalled
+worker/1   mnist-1   10.1.0.3   Running   degraded   3/4    -         0          {:w$}   -     -          GPULost
 Job mnist: degraded: mnist-0 ({stalled}), mnist-1 ({mismatch}; {lost})
 ",
         "PROGRESS", "-"

@@ -1,5 +1,6 @@
 use super::*;
 use crate::report::probe::ports::ConflictReason;
+use crate::stall::progress::{Metric, Reported};
 
 fn sample() -> Observation {
     Observation {
@@ -69,6 +70,14 @@ fn sample() -> Observation {
             stalls: 1,
             after_ms: Some(300_000),
             note: "no progress for 5m; last step 145 in \"step 145\"".into(),
+            reported: Some(Reported {
+                percent: Some(45),
+                eta_seconds: Some(795),
+                metrics: vec![Metric {
+                    name: "loss".into(),
+                    value: "0.23".into(),
+                }],
+            }),
         }),
     }
 }
