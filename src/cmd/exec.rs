@@ -72,7 +72,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let kubeflow = report
         .as_ref()
         .filter(|cfg| cfg.progress.is_some() && !args.no_kubeflow_endpoint)
-        .and_then(|_| kubeflow_endpoint(&mut private));
+        .and_then(|_| kubeflow_endpoint(&mut private, &args.init.kube));
     let kubeflow_env = kubeflow.as_ref().map(|k| k.env.clone()).unwrap_or_default();
     let with_heartbeat = move |mut cmd: std::process::Command| {
         if let Some(h) = &heartbeat {
@@ -192,9 +192,11 @@ fn create_regular(path: &Path) -> std::io::Result<()> {
 /// Kubeflow Trainer's progress endpoint for CMD, its files in exec's private
 /// directory; none where CMD already has Trainer's variables (Trainer's own endpoint)
 /// or it cannot be made (said, and CMD runs without it). The path names the pod's
-/// namespace and the pod: without Trainer there is no TrainJob.
+/// namespace and the pod (as --pod-namespace and --pod-name default): without Trainer
+/// there is no TrainJob.
 fn kubeflow_endpoint(
     private: &mut Option<tempfile::TempDir>,
+    kube: &crate::cli::args::KubeArgs,
 ) -> Option<kubeflow::server::Prepared> {
     let set = [
         kubeflow::URL_ENV,
@@ -208,8 +210,21 @@ fn kubeflow_endpoint(
         return None;
     }
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
-    let name = var("POD_NAME")
+    let namespace = kube
+        .pod_namespace
+        .clone()
+        .or_else(|| var("POD_NAMESPACE"))
+        .or_else(|| {
+            std::fs::read_to_string(crate::kube::SA_NAMESPACE_FILE)
+                .ok()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| "default".into());
+    let name = kube
+        .pod_name
+        .clone()
+        .or_else(|| var("POD_NAME"))
         .or_else(|| var("HOSTNAME"))
         .unwrap_or_else(|| "trainlet".into());
     private_dir(private)

@@ -48,6 +48,7 @@ mod guard;
 mod init;
 mod init_faults;
 mod inject;
+mod kubeflow;
 mod launcher;
 mod lifecycle;
 mod monitoring;
