@@ -187,6 +187,38 @@ mod tests {
             reported: None,
         }
     }
+    /// A new percentage is published at once; new metrics alone wait with the time.
+    #[test]
+    fn a_reported_percentage_is_news_and_published_with_the_metrics() {
+        let with = |at: u64, percent: u8, loss: &str| {
+            let mut o = obs(Some(at), false, 0);
+            o.reported = Some(Reported {
+                percent: Some(percent),
+                eta_seconds: Some(60),
+                metrics: vec![super::super::progress::Metric {
+                    name: "loss".into(),
+                    value: loss.into(),
+                }],
+            });
+            o
+        };
+        let first = annotation(&with(1_000, 40, "0.5"), None, None, &[]);
+        assert_eq!(
+            serde_json::to_string(&first).unwrap(),
+            r#"{"at":"1970-01-01T00:16:40Z","step":3.0,"stalled":false,"stalls":0,"percent":40,"eta_seconds":60,"metrics":[{"name":"loss","value":"0.5"}]}"#
+        );
+        assert_eq!(
+            annotation(&with(1_010, 40, "0.4"), Some(&first), None, &[]),
+            first
+        );
+        let next = annotation(&with(1_010, 41, "0.4"), Some(&first), None, &[]);
+        assert_eq!(
+            (next.at.as_deref(), next.reported.percent),
+            (Some("1970-01-01T00:16:50Z"), Some(41))
+        );
+        assert_eq!(next.reported.metrics[0].value, "0.4");
+    }
+
     #[test]
     fn the_annotation_refreshes_the_time_only_so_often() {
         let first = annotation(

@@ -93,6 +93,38 @@ fn progress_keeps_the_last_step_and_line() {
     );
 }
 
+/// A report to the Kubeflow endpoint is progress at the time exec takes it; its step,
+/// when it gives one that is a count, is the step; only 16 of its metrics are kept.
+#[test]
+fn a_report_is_progress_and_its_step_the_step() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let metrics: Vec<Metric> = (0..20)
+        .map(|i| Metric {
+            name: format!("m{i}"),
+            value: "1".into(),
+        })
+        .collect();
+    let mut pr = Progress::default();
+    let reported = Reported {
+        percent: Some(40),
+        eta_seconds: Some(795),
+        metrics,
+    };
+    pr.on_report(reported.clone(), Some(120.0), t(10));
+    assert_eq!((pr.at, pr.step), (Some(t(10)), Some(120.0)));
+    let kept = pr.reported.clone().unwrap();
+    assert_eq!(
+        (kept.percent, kept.metrics.len()),
+        (Some(40), MAX_REPORTED_METRICS)
+    );
+    assert_eq!(kept.metrics[15].name, "m15");
+    // No step, or one that is no count: the step stays, the time moves.
+    pr.on_report(Reported::default(), None, t(11));
+    pr.on_report(Reported::default(), Some(-1.0), t(12));
+    assert_eq!((pr.at, pr.step), (Some(t(12)), Some(120.0)));
+    assert_eq!(pr.reported, Some(Reported::default()));
+}
+
 /// A step is a count: what is not (negative, NaN, infinite, past 2^53, where the
 /// issue saw `last step -5` and a 309-digit step) is no step, and the line is
 /// progress all the same.

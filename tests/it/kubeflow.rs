@@ -21,12 +21,20 @@ use crate::support::*;
 struct Run {
     ns: String,
     exec: Reporter,
+    /// The shipped layout's sidecar, which publishes what exec hands over.
+    sidecar: Option<Reporter>,
     out: PathBuf,
     release: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 async fn start(what: &str) -> Result<Run, Missing> {
+    start_in(what, false).await
+}
+
+/// With `handover`, as `inject --wrap` lays the pod out: exec without credentials
+/// hands its observations to a sidecar, the pod's only writer.
+async fn start_in(what: &str, handover: bool) -> Result<Run, Missing> {
     let py = framework_python()?;
     let client = admin().await;
     let ns = namespace(&client, "kubeflow").await;
@@ -36,27 +44,34 @@ async fn start(what: &str) -> Result<Run, Missing> {
     write_tf_config(dir.path(), free_port());
     let (out, release) = (dir.path().join("seen.json"), dir.path().join("release"));
     let script = fixture("kubeflow_progress.py");
-    let exec = exec_cmd(
-        kubeconfig(),
-        &ns,
-        "kf-0",
-        dir.path(),
-        &[
-            "--stall-after",
-            "60s",
-            "--progress-pattern",
-            "^no line is progress$",
-            "--",
-            py.to_str().unwrap(),
-            &script,
-            what,
-            out.to_str().unwrap(),
-            release.to_str().unwrap(),
-        ],
-    );
+    let observed = dir.path().join("observed");
+    std::fs::create_dir(&observed).unwrap();
+    let observed = observed.to_str().unwrap().to_string();
+    let mut flags = vec![
+        "--stall-after",
+        "60s",
+        "--progress-pattern",
+        "^no line is progress$",
+    ];
+    if handover {
+        flags.extend(["--observations", &observed]);
+    }
+    let py = py.to_str().unwrap();
+    let (out_s, release_s) = (out.to_str().unwrap(), release.to_str().unwrap());
+    flags.extend(["--", py, &script, what, out_s, release_s]);
+    let exec = exec_cmd(kubeconfig(), &ns, "kf-0", dir.path(), &flags);
+    let sidecar = handover.then(|| {
+        Reporter::start(sidecar_cmd(
+            kubeconfig(),
+            &ns,
+            "kf-0",
+            &["--observations", &observed],
+        ))
+    });
     Ok(Run {
         ns,
         exec: Reporter::start(exec),
+        sidecar,
         out,
         release,
         _dir: dir,
@@ -102,7 +117,7 @@ impl Run {
         .await
     }
 
-    /// Lets the script end; exec ends with it.
+    /// Lets the script end; exec ends with it (and the sidecar is stopped).
     fn finish(mut self) -> String {
         std::fs::write(&self.release, "").unwrap();
         let status = wait_exit(&mut self.exec.child, Duration::from_secs(60));
@@ -346,6 +361,45 @@ async fn bad_reports_get_trainers_answers_and_a_burst_is_refused() {
             &json!([{"name": "step", "value": "12"}]),
             None
         )
+    );
+    run.finish();
+}
+
+/// As `inject --wrap` lays the pod out: exec, without credentials, hands the report over
+/// and the sidecar publishes it (the annotation and its own metrics).
+#[tokio::test]
+async fn in_the_shipped_layout_the_sidecar_publishes_the_report() {
+    let mut run = require!(start_in("sdk", true).await);
+    let seen = run.seen().await;
+    assert_eq!(seen["ok"], true, "{seen}");
+    let p = run.progress(|v| v["percent"] == 40).await;
+    assert_eq!(
+        (&p["step"], &p["eta_seconds"], &p["metrics"]),
+        (
+            &json!(120.0),
+            &json!(795),
+            &json!([
+                {"name": "loss", "value": "0.25"},
+                {"name": "current_step", "value": "120"}
+            ])
+        )
+    );
+    let sidecar = run.sidecar.as_ref().unwrap();
+    let body = sidecar.metrics().await;
+    assert_eq!(
+        metric(
+            &body,
+            "trainlet_reported_progress_percent{container=\"trainer\"}"
+        ),
+        Some(40.0),
+        "{body}"
+    );
+    assert!(
+        run.exec
+            .stderr()
+            .contains("handing observations to the trainlet sidecar"),
+        "{}",
+        run.exec.stderr()
     );
     run.finish();
 }

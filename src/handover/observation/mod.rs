@@ -39,6 +39,7 @@ use crate::report::probe::gpu::{GpuDevice, GpuFault, GpuInfo, Unavailable};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{Owner, PortEntry, PortState};
 pub use crate::stall::observation::ProgressObservation;
+use crate::stall::progress::MAX_REPORTED_METRICS;
 
 /// The file's name in the observations directory.
 pub const FILE: &str = "exec.json";
@@ -55,6 +56,8 @@ const MAX_KILLS: usize = crate::report::probe::oom::ledger::KEEP_KILLS;
 const MAX_ERRORS: usize = 8;
 /// Longest string in an observation (a UUID is 40, a comm 15, an NVML error ~200).
 pub const MAX_TEXT: usize = 512;
+/// A reported metric's name or value: 64 characters of up to 4 bytes.
+const MAX_METRIC_TEXT: usize = 4 * crate::kubeflow::request::MAX_TEXT;
 
 /// Everything exec observed, as of one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -363,6 +366,20 @@ fn validate(o: &Observation) -> Result<(), String> {
             .is_some_and(|s| crate::stall::progress::step(s).is_none())
         {
             return Err("progress.step is not a step: a number from 0 to 2^53".into());
+        }
+        if let Some(r) = &p.reported {
+            if r.percent.is_some_and(|n| n > 100) {
+                return Err("progress.reported.percent is more than 100".into());
+            }
+            if r.metrics.len() > MAX_REPORTED_METRICS {
+                return Err(format!(
+                    "progress.reported has more than {MAX_REPORTED_METRICS} metrics"
+                ));
+            }
+            for m in &r.metrics {
+                text("progress.reported metric name", &m.name, MAX_METRIC_TEXT)?;
+                text("progress.reported metric value", &m.value, MAX_METRIC_TEXT)?;
+            }
         }
         // Times RFC 3339 cannot write are no times exec hands over.
         for (what, t) in [

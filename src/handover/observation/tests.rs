@@ -259,6 +259,41 @@ fn progress_times_past_9999_and_steps_that_are_no_count_are_rejected() {
     assert_eq!(bad(&|p| p.step = Some(0.0)), Ok(()));
 }
 
+/// What CMD reported to the Kubeflow endpoint comes through exec, which the training
+/// container controls: the sidecar takes it only within the endpoint's own bounds.
+#[test]
+fn reported_progress_past_its_bounds_is_rejected() {
+    let bad = |f: &dyn Fn(&mut Reported)| {
+        let mut o = sample();
+        f(o.progress.as_mut().unwrap().reported.as_mut().unwrap());
+        parse(&json(&o), "exec.json")
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let metric = |name: &str, value: &str| Metric {
+        name: name.into(),
+        value: value.into(),
+    };
+    assert_eq!(bad(&|r| r.percent = Some(100)), Ok(()));
+    assert_eq!(
+        bad(&|r| r.percent = Some(101)),
+        Err("exec.json: progress.reported.percent is more than 100".into())
+    );
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric("m", "1"); 17]),
+        Err("exec.json: progress.reported has more than 16 metrics".into())
+    );
+    assert_eq!(bad(&|r| r.metrics = vec![metric("m", "1"); 16]), Ok(()));
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric("loss\u{1b}[2J", "1")]),
+        Err("exec.json: progress.reported metric name holds control characters".into())
+    );
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric("loss", &"9".repeat(257))]),
+        Err("exec.json: progress.reported metric value is longer than 256 bytes".into())
+    );
+}
+
 #[test]
 fn news_announces_each_kill_and_xid_once_per_epoch() {
     let mut p = Published::default();
