@@ -184,11 +184,6 @@ fn create_regular(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A directory of this exec's own, for files CMD writes to it.
-/// A new one of random name and mode 0700 in $TMPDIR, made on first use and removed
-/// when `private` is dropped. A name anyone can predict (`trainlet-<pid>`, once) could
-/// be taken first, by a directory or a symlink leading exec to truncate another file,
-/// and it stayed behind.
 /// Kubeflow Trainer's progress endpoint for CMD, its files in exec's private
 /// directory; none where CMD already has Trainer's variables (Trainer's own endpoint)
 /// or it cannot be made (said, and CMD runs without it). The path names the pod's
@@ -228,12 +223,20 @@ fn kubeflow_endpoint(
         .or_else(|| var("HOSTNAME"))
         .unwrap_or_else(|| "trainlet".into());
     private_dir(private)
-        .map_err(kubeflow::KubeflowError::Listen)
+        .map_err(|source| kubeflow::KubeflowError::Write {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        })
         .and_then(|dir| kubeflow::server::prepare(&dir, &namespace, &name))
         .map_err(|e| warn!("no Kubeflow progress endpoint for the command: {e}"))
         .ok()
 }
 
+/// A directory of this exec's own, for files CMD writes to it.
+/// A new one of random name and mode 0700 in $TMPDIR, made on first use and removed
+/// when `private` is dropped. A name anyone can predict (`trainlet-<pid>`, once) could
+/// be taken first, by a directory or a symlink leading exec to truncate another file,
+/// and it stayed behind.
 fn private_dir(private: &mut Option<tempfile::TempDir>) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match private.take() {
