@@ -1,7 +1,7 @@
 //! The endpoint on loopback: TLS (rustls), HTTP/1.1 (hyper), [`request::answer`]'s
 //! answers. What the training container sends is bounded: 4 connections at once, the
 //! handshake and a request's headers and body within [`READ_TIMEOUT`], a body of at
-//! most [`request::MAX_BODY`], and [`RATE`] reports a second with a burst of [`BURST`].
+//! most [`request::MAX_BODY`], and a report every [`REFILL`] with a burst of [`BURST`].
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -15,16 +15,17 @@ use tracing::{debug, info};
 
 use super::request::{self, Answer, Endpoint, TrainerStatus};
 use super::{CA_CERT_ENV, KubeflowError, TOKEN_ENV, URL_ENV, tls};
+use crate::publish::TokenBucket;
 
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 4;
 /// For the TLS handshake, and for a request's headers and then its body.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Reports a second, on average: both Python clients send one every 5 s at most.
-pub const RATE: f64 = 1.0;
+/// One report a second, on average: both Python clients send one every 5 s at most.
+pub const REFILL: Duration = Duration::from_secs(1);
 /// Reports at once (Transformers' first and last are sent however recent the one
 /// before).
-pub const BURST: f64 = 10.0;
+pub const BURST: u32 = 10;
 
 /// The endpoint, made and listening, not yet served: its variables go into CMD's
 /// environment before CMD starts.
@@ -65,35 +66,6 @@ pub fn prepare(dir: &Path, namespace: &str, name: &str) -> Result<Prepared, Kube
     })
 }
 
-/// A token bucket: pure, the clock given.
-#[derive(Debug, Clone)]
-pub struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    pub fn new(now: Instant) -> Bucket {
-        Bucket {
-            tokens: BURST,
-            at: now,
-        }
-    }
-
-    /// Whether a report at `now` is within the rate; it spends a token if so.
-    pub fn take(&mut self, now: Instant) -> bool {
-        let refill = now.saturating_duration_since(self.at).as_secs_f64() * RATE;
-        self.tokens = (self.tokens + refill).min(BURST);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 impl Prepared {
     /// Serves until the task is dropped; `accepted` gets every accepted report.
     pub async fn serve(self, accepted: impl Fn(TrainerStatus) + Send + Sync + 'static) {
@@ -103,7 +75,7 @@ impl Prepared {
         info!(url = %self.env[0].1, "serving Kubeflow Trainer's progress endpoint for the command");
         let acceptor = tokio_rustls::TlsAcceptor::from(self.tls);
         let endpoint = Arc::new(self.endpoint);
-        let bucket = Arc::new(Mutex::new(Bucket::new(Instant::now())));
+        let bucket = Arc::new(Mutex::new(TokenBucket::new(BURST, REFILL, Instant::now())));
         let accepted = Arc::new(accepted);
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
@@ -152,7 +124,7 @@ impl Prepared {
 async fn handle(
     req: Request<hyper::body::Incoming>,
     endpoint: &Endpoint,
-    bucket: &Mutex<Bucket>,
+    bucket: &Mutex<TokenBucket>,
     accepted: &(dyn Fn(TrainerStatus) + Send + Sync),
 ) -> Answer {
     if !bucket
@@ -207,24 +179,4 @@ fn response(a: Answer) -> Response<Full<Bytes>> {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(a.body)))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_bucket_allows_a_burst_then_one_a_second() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        assert!((0..10).all(|_| b.take(t0)));
-        assert!(!b.take(t0));
-        assert!(!b.take(t0 + Duration::from_millis(900)));
-        assert!(b.take(t0 + Duration::from_millis(1000)));
-        assert!(!b.take(t0 + Duration::from_millis(1500)));
-        // A long quiet refills the burst, never more.
-        let later = t0 + Duration::from_secs(3600);
-        assert!((0..10).all(|_| b.take(later)));
-        assert!(!b.take(later));
-    }
 }
