@@ -82,28 +82,25 @@ impl Run {
     /// What the script saw, once it wrote it (the Transformers run takes a while); an
     /// exec that ended before fails the test with its log (CMD's traceback).
     async fn seen(&mut self) -> Value {
-        let pid = self.exec.pid();
-        let log = self.exec.log.clone();
-        let out = self.out.clone();
-        eventually("the script's result", Duration::from_secs(240), || async {
-            if let Some(v) = std::fs::read_to_string(&out)
+        let deadline = std::time::Instant::now() + Duration::from_secs(240);
+        loop {
+            if let Some(v) = std::fs::read_to_string(&self.out)
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok())
             {
-                return Some(v);
+                return v;
             }
-            let alive = Path::new(&format!("/proc/{pid}/stat")).exists()
-                && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .unwrap_or_default()
-                    .contains(") Z ");
             assert!(
-                alive,
+                self.exec.alive(),
                 "exec ended before the script wrote its result:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
+                self.exec.stderr()
             );
-            None
-        })
-        .await
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after 240s waiting for the script's result"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// `trainlet.io/progress` once `done` says it is the one awaited.
@@ -120,24 +117,12 @@ impl Run {
     /// Lets the script end; exec ends with it (and the sidecar is stopped).
     fn finish(mut self) -> String {
         std::fs::write(&self.release, "").unwrap();
-        let status = wait_exit(&mut self.exec.child, Duration::from_secs(60));
+        let (code, _) = self.exec.wait(Duration::from_secs(60));
         let log = self.exec.stderr();
-        assert_eq!(status, Some(0), "{log}");
+        assert_eq!(code, 0, "{log}");
         assert!(!log.contains("panicked"), "{log}");
         log
     }
-}
-
-fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
-    let end = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < end {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s.code();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    panic!("exec did not end");
 }
 
 /// The three variables exec gave the command: its own endpoint on loopback for this
