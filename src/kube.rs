@@ -15,7 +15,7 @@ use thiserror::Error;
 use crate::Code;
 
 /// The service account's namespace file, present in every pod that mounts its token.
-pub const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 #[derive(Debug, Error)]
 pub enum KubeError {

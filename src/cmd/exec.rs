@@ -72,7 +72,9 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let kubeflow = report
         .as_ref()
         .filter(|cfg| cfg.progress.is_some() && !args.no_kubeflow_endpoint)
-        .and_then(|_| kubeflow_endpoint(&mut private, &args.init.kube));
+        .map(|_| lower::kube_settings(&args.init.kube))
+        .transpose()?
+        .and_then(|kube| kubeflow_endpoint(&mut private, &kube));
     let kubeflow_env = kubeflow.as_ref().map(|k| k.env.clone()).unwrap_or_default();
     let with_heartbeat = move |mut cmd: std::process::Command| {
         if let Some(h) = &heartbeat {
@@ -191,7 +193,7 @@ fn create_regular(path: &Path) -> std::io::Result<()> {
 /// there is no TrainJob.
 fn kubeflow_endpoint(
     private: &mut Option<tempfile::TempDir>,
-    kube: &crate::cli::args::KubeArgs,
+    kube: &crate::kube::Settings,
 ) -> Option<kubeflow::server::Prepared> {
     let set = [
         kubeflow::URL_ENV,
@@ -204,24 +206,8 @@ fn kubeflow_endpoint(
         tracing::info!("{v} is set: the command reports to that Kubeflow endpoint, not to exec's");
         return None;
     }
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let namespace = kube
-        .pod_namespace
-        .clone()
-        .or_else(|| var("POD_NAMESPACE"))
-        .or_else(|| {
-            std::fs::read_to_string(crate::kube::SA_NAMESPACE_FILE)
-                .ok()
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-        })
-        .unwrap_or_else(|| "default".into());
-    let name = kube
-        .pod_name
-        .clone()
-        .or_else(|| var("POD_NAME"))
-        .or_else(|| var("HOSTNAME"))
-        .unwrap_or_else(|| "trainlet".into());
+    let namespace = kube.pod_namespace("default");
+    let name = kube.pod_name().unwrap_or_else(|| "trainlet".into());
     private_dir(private)
         .map_err(|source| kubeflow::KubeflowError::Write {
             path: std::env::temp_dir().display().to_string(),
