@@ -9,6 +9,7 @@ use clap::Args;
 use super::defaults;
 use super::values::{
     Address, Coordination, Framework, Order, PeerChange, Ready, Stall, StatusOutput,
+    coordinate_from, whole,
 };
 use crate::flags;
 
@@ -80,7 +81,7 @@ pub struct ClusterArgs {
     /// default 8470. Given (or --port-name), it is also the port of PyTorch's
     /// MASTER_PORT and JAX's coordinator, which otherwise use their launchers' own
     /// defaults (torchrun 29500, JAX 55527).
-    #[arg(long = flags::PORT, env = "TRAINLET_PORT", value_name = "N")]
+    #[arg(long = flags::PORT, env = "TRAINLET_PORT", value_name = "N", value_parser = whole::<u16>)]
     pub port: Option<u16>,
 
     /// Use each peer's containerPort of this name where it has one, else --port.
@@ -186,7 +187,7 @@ pub struct OutputArgs {
         env = "TRAINLET_COORDINATE_FROM",
         value_name = "N",
         default_value_t = defaults::COORDINATE_FROM,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..)
+        value_parser = coordinate_from
     )]
     pub coordinate_from: usize,
 
@@ -233,13 +234,13 @@ pub struct OutputArgs {
     /// listens. Default: the task port that --port or --port-name names, unless MPI is
     /// among the --framework too (that port is then its sshd's), else torchrun's 29500.
     /// On hostNetwork pods, pick one no other pod on the node uses.
-    #[arg(long = flags::MASTER_PORT, env = "TRAINLET_MASTER_PORT", value_name = "PORT")]
+    #[arg(long = flags::MASTER_PORT, env = "TRAINLET_MASTER_PORT", value_name = "PORT", value_parser = whole::<u16>)]
     pub master_port: Option<u16>,
 
     /// JAX's coordinator port, where process 0 listens. Default: the task port that
     /// --port or --port-name names, unless MPI is among the --framework too, else JAX's
     /// 55527.
-    #[arg(long = flags::COORDINATOR_PORT, env = "TRAINLET_COORDINATOR_PORT", value_name = "PORT")]
+    #[arg(long = flags::COORDINATOR_PORT, env = "TRAINLET_COORDINATOR_PORT", value_name = "PORT", value_parser = whole::<u16>)]
     pub coordinator_port: Option<u16>,
 
     /// How long to wait for peers, e.g. 90s, 10m or 1h; 0 waits forever.
@@ -387,7 +388,7 @@ pub struct ExecArgs {
     pub on_peer_change: PeerChange,
 
     /// `--on-peer-change restart`: how many restarts; the next change exits 7.
-    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true, value_parser = whole::<u32>)]
     pub max_restarts: u32,
 
     /// How long CMD has between SIGTERM and SIGKILL when it is stopped for a restart

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::args::{ClusterArgs, OutputArgs, StallArgs};
 use super::defaults;
-use super::values::PeerChange;
+use super::values::{PeerChange, whole};
 use crate::flags;
 
 /// `trainlet inject`.
@@ -78,7 +78,7 @@ pub struct InjectArgs {
     /// With --wrap: how many times the wrapped container's `trainlet exec` restarts its
     /// command (`--on-peer-change restart`, `--on-stall restart`) before the next change
     /// exits instead (`exec --max-restarts`, written into its command).
-    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true)]
+    #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true, value_parser = whole::<u32>)]
     pub max_restarts: u32,
 
     /// With --wrap: how long the wrapped command has between SIGTERM and SIGKILL when

@@ -11,6 +11,25 @@ use crate::logging::LogFormat;
 use crate::render::frameworks;
 use crate::supervise::policy::{OnPeerChange, OnStall};
 
+/// A whole number in digits only (`--port`, `--max-restarts`): `+80` and ` 80`, which
+/// Rust's own parser takes, are refused as the admission policy refuses them in an
+/// annotation, so that a value is good for both or for neither.
+pub fn whole<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("give a whole number in digits".into());
+    }
+    s.parse()
+        .map_err(|_| format!("{s} is too large for this flag"))
+}
+
+/// `--coordinate-from`: a whole number from 2 on.
+pub fn coordinate_from(s: &str) -> Result<usize, String> {
+    match whole::<usize>(s)? {
+        n if n < 2 => Err("give 2 or more".into()),
+        n => Ok(n),
+    }
+}
+
 /// A flag value's spelling, as clap parses it.
 pub trait Flag: ValueEnum {
     fn name(&self) -> String {

@@ -336,7 +336,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         ),
         (
             json!({"trainlet.io/job": "worker"}),
-            "invalid annotation trainlet.io/job \"worker\": give --job's TYPE=SELECTOR, several separated by ';'",
+            "invalid annotation trainlet.io/job \"worker\": give TYPE=SELECTOR (a TYPE of letters, digits, '_' and '-', a label selector), at most 16 separated by ';'",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/stall_after": "10m"}),
@@ -352,7 +352,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/expect": "worker=two"}),
-            "invalid annotation trainlet.io/expect \"worker=two\": give a value as --expect takes it (`trainlet inject --help`)",
+            "invalid annotation trainlet.io/expect \"worker=two\": give TYPE=N with N at least 1, at most 16 separated by ',' without spaces",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/preflight": "yes"}),

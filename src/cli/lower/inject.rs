@@ -7,11 +7,12 @@ use super::super::args::{ClusterArgs, OutputArgs};
 use super::super::defaults;
 use super::super::inject_args::InjectArgs;
 use super::super::values::{Flag, Framework};
-use super::{cluster_config, framework_config, parse_duration, progress_watch};
+use super::report::MIN_STALL_AFTER;
+use super::{MAX_DURATION, cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
-use crate::inject::transform::admission::{Setting, Settings};
+use crate::inject::transform::admission::{Rule, Setting, Settings};
 use crate::inject::{InjectConfig, Resources};
 
 /// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
@@ -78,7 +79,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
                 flags::MAX_RESTARTS,
             ),
             (
-                a.restart_grace.trim() != defaults::RESTART_GRACE,
+                a.restart_grace != defaults::RESTART_GRACE,
                 flags::RESTART_GRACE,
             ),
         ]
@@ -121,9 +122,15 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         }
     };
 
+    let init_args = init_flags(c, &a.output, &output_dir, &install_to);
+    let exec_args = exec_flags(a);
+    let written: Vec<String> = init_args.iter().chain(&exec_args).cloned().collect();
+    settings(&install_to)
+        .check_args(&written)
+        .map_err(|r| Failure::usage(format!("invalid --{} {:?}: {}", r.flag, r.value, r.why)))?;
     Ok(InjectConfig {
         image: a.image.trim().to_string(),
-        init_args: init_flags(c, &a.output, &output_dir, &install_to),
+        init_args,
         // The task port the sidecar watches for conflicts: TensorFlow's, or the one given.
         // Other frameworks' ports are the training container's containerPorts, which
         // the sidecar watches without --port.
@@ -149,7 +156,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         permanent_exit_codes,
         wrap: a.wrap.clone(),
         service_account: a.service_account.clone(),
-        exec_args: exec_flags(a),
+        exec_args,
         resources,
         shm_size: a.shm_size.clone(),
     })
@@ -217,107 +224,153 @@ pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Fail
         resources: resources(&a.resources)?,
         shm_size: None,
     };
+    Ok((cfg, settings(&install_to)))
+}
+
+/// The settings the policy reads from a pod's annotations, with what a valid value of
+/// each is: the flags `inject` writes into `trainlet init` and `trainlet exec`, in its
+/// order ([`init_flags`], [`exec_flags`]), each with its default, which is not
+/// written. `inject` checks what it writes by the same rules.
+fn settings(install_to: &str) -> Settings {
     use crate::flags as f;
-    const NAME: &str = "^[A-Za-z0-9_.-]+$";
-    const PORT: &str = "^[0-9]{1,5}$";
-    const COUNT: &str = "^[0-9]+$";
-    const DURATION: &str = "^[0-9]+(ms|s|m|h|d)( ?[0-9]+(ms|s|m|h|d))*$";
-    let value = |flag, default: Option<String>, pattern| Setting::Value {
+    use std::time::Duration;
+    const BILLION: u64 = 999_999_999;
+    let port = || Rule::Count {
+        words: &[],
+        min: 1,
+        max: u16::MAX.into(),
+    };
+    let duration = |min: Duration| Rule::Duration {
+        min,
+        max: MAX_DURATION,
+    };
+    let value = |flag, default: Option<String>, rule| Setting::Value {
         flag,
         default,
-        pattern,
+        rule,
     };
     let init = vec![
         Setting::Each {
             flag: f::JOB,
-            pattern: "^[A-Za-z0-9_.-]+=[^;]+$",
+            rule: Rule::Jobs,
         },
+        value(f::EXPECT, None, Rule::Expect),
+        value(f::PORT, None, port()),
+        // A container port's name (IANA_SVC_NAME): what else would name no port.
         value(
-            f::EXPECT,
+            f::PORT_NAME,
             None,
-            "^[A-Za-z0-9_.-]+=[0-9]+(,[A-Za-z0-9_.-]+=[0-9]+)*$",
+            Rule::Text("[a-z0-9](?:[a-z0-9-]{0,13}[a-z0-9])?"),
         ),
-        value(f::PORT, None, PORT),
-        value(f::PORT_NAME, None, "^[a-z0-9-]{1,15}$"),
         value(
             f::ADDRESS,
             Some(defaults::ADDRESS.name()),
-            "^(pod-ip|host-ip|dns)$",
+            Rule::Choice(&["pod-ip", "host-ip", "dns"]),
         ),
         value(
             f::CLUSTER_DOMAIN,
             Some(defaults::CLUSTER_DOMAIN.to_string()),
-            "^[a-z0-9.-]+$",
+            Rule::Text("[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?"),
         ),
-        value(f::ORDER, Some(defaults::ORDER.name()), "^(index|name)$"),
-        value(f::READY, Some(defaults::READY.name()), "^(running|ready)$"),
+        value(
+            f::ORDER,
+            Some(defaults::ORDER.name()),
+            Rule::Choice(&["index", "name"]),
+        ),
+        value(
+            f::READY,
+            Some(defaults::READY.name()),
+            Rule::Choice(&["running", "ready"]),
+        ),
+        // TensorFlow's rpc layers: grpc, grpc+verbs, grpc+mpi.
         value(
             f::RPC_LAYER,
             Some(defaults::RPC_LAYER.to_string()),
-            "^[a-z+]+$",
+            Rule::Text("[a-z][a-z0-9+]{0,31}"),
         ),
-        value(f::ENVIRONMENT, None, NAME),
-        Setting::Fixed(f::with_value(f::INSTALL_TO, &install_to)),
-        value(f::TIMEOUT, Some(defaults::TIMEOUT.to_string()), DURATION),
+        value(f::ENVIRONMENT, None, Rule::Text("[A-Za-z0-9_.-]{1,64}")),
+        Setting::Fixed(f::with_value(f::INSTALL_TO, install_to)),
+        value(
+            f::TIMEOUT,
+            Some(defaults::TIMEOUT.to_string()),
+            duration(Duration::ZERO),
+        ),
         value(
             f::COORDINATE,
             Some(defaults::COORDINATE.name()),
-            "^(auto|always|never)$",
+            Rule::Choice(&["auto", "always", "never"]),
         ),
         value(
             f::COORDINATE_FROM,
             Some(defaults::COORDINATE_FROM.to_string()),
-            COUNT,
+            Rule::Count {
+                words: &[],
+                min: 2,
+                max: BILLION,
+            },
         ),
         Setting::Switch { flag: f::PREFLIGHT },
         value(
             f::FRAMEWORK,
             Some(Framework::Tensorflow.name()),
-            "^(tensorflow|pytorch|jax|mpi)(,(tensorflow|pytorch|jax|mpi))*$",
+            Rule::Choices(&["tensorflow", "pytorch", "jax", "mpi"]),
         ),
         value(
             f::NPROC_PER_NODE,
             Some(defaults::NPROC_PER_NODE.to_string()),
-            "^(auto|gpu|cpu|[0-9]+)$",
+            Rule::Count {
+                words: &["auto", "gpu", "cpu"],
+                min: 1,
+                max: BILLION,
+            },
         ),
-        value(f::SLOTS, None, "^(gpu|[0-9]+)$"),
-        value(f::MASTER_PORT, None, PORT),
-        value(f::COORDINATOR_PORT, None, PORT),
-        value(f::NNODES, None, "^[0-9]+(:[0-9]+)?$"),
+        value(
+            f::SLOTS,
+            None,
+            Rule::Count {
+                words: &["gpu"],
+                min: 1,
+                max: BILLION,
+            },
+        ),
+        value(f::MASTER_PORT, None, port()),
+        value(f::COORDINATOR_PORT, None, port()),
+        value(f::NNODES, None, Rule::Span),
     ];
     let exec = vec![
         value(
             f::ON_PEER_CHANGE,
             Some(defaults::ON_PEER_CHANGE.name()),
-            "^(report|restart|exit)$",
+            Rule::Choice(&["report", "restart", "exit"]),
         ),
         value(
             f::MAX_RESTARTS,
             Some(defaults::MAX_RESTARTS.to_string()),
-            COUNT,
+            Rule::Count {
+                words: &[],
+                min: 0,
+                max: BILLION,
+            },
         ),
         value(
             f::RESTART_GRACE,
             Some(defaults::RESTART_GRACE.to_string()),
-            DURATION,
+            duration(Duration::ZERO),
         ),
-        value(f::STALL_AFTER, None, DURATION),
+        value(f::STALL_AFTER, None, duration(MIN_STALL_AFTER)),
         value(
             f::ON_STALL,
             Some(defaults::ON_STALL.name()),
-            "^(report|restart|exit)$",
+            Rule::Choice(&["report", "restart", "exit"]),
         ),
-        value(f::PROGRESS_PATTERN, None, "^.+$"),
+        value(f::PROGRESS_PATTERN, None, Rule::Pattern),
     ];
-    Ok((
-        cfg,
-        Settings {
-            init,
-            exec,
-            required: vec![f::JOB],
-            default_port: defaults::PORT,
-        },
-    ))
+    Settings {
+        init,
+        exec,
+        required: vec![f::JOB],
+        default_port: defaults::PORT,
+    }
 }
 
 /// The flags of the wrapped container's `trainlet exec`: `--report`, and those that
@@ -334,14 +387,13 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
     if a.max_restarts != defaults::MAX_RESTARTS {
         args.push(flags::with_value(flags::MAX_RESTARTS, a.max_restarts));
     }
-    if a.restart_grace.trim() != defaults::RESTART_GRACE {
-        args.push(flags::with_value(
-            flags::RESTART_GRACE,
-            a.restart_grace.trim(),
-        ));
+    // Written as given: the policy checks an annotation's value untrimmed, and so
+    // does inject (`settings`).
+    if a.restart_grace != defaults::RESTART_GRACE {
+        args.push(flags::with_value(flags::RESTART_GRACE, &a.restart_grace));
     }
     if let Some(d) = &stall.stall_after {
-        args.push(flags::with_value(flags::STALL_AFTER, d.trim()));
+        args.push(flags::with_value(flags::STALL_AFTER, d));
     }
     if stall.on_stall != defaults::ON_STALL {
         args.push(flags::with_value(flags::ON_STALL, stall.on_stall.name()));

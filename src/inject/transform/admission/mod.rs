@@ -22,23 +22,26 @@
 
 use serde_json::Value;
 
+use super::own::alias_env;
 use super::parts::{
     downward_env, exec_env, init_container, mount, mount_of, observed_volume, scrape_annotations,
     sidecar, token_volume, volume,
 };
-use crate::inject::yaml::to_json;
+use crate::inject::yaml::{Node, to_json};
 
 mod cel;
+mod rule;
 mod settings;
 mod validate;
 
-use super::{INIT_CONTAINER, InjectConfig, OBSERVED_VOLUME, SIDECAR};
+use super::{EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME};
 use crate::flags;
 pub use cel::cel;
 use cel::{cel_string, raw};
+pub use rule::{MAX_ITEMS, MAX_JOB_LEN, MAX_LEN, Rule};
 use settings::annotation;
 pub use settings::{LABEL, NAME, PREFIX, Setting, Settings, WRAP};
-use validate::{valid_expression, validations};
+use validate::{injected, valid_expression, validations};
 
 /// The CEL list of arguments that `settings` give.
 fn args(settings: &[Setting]) -> String {
@@ -108,43 +111,214 @@ fn append(field: &str, path: &str, items: &str) -> String {
     )
 }
 
-/// JSON patches that remove the default token's mount (`kube-api-access-*`, which the
-/// ServiceAccount admission added) from `container` at `path`.
-fn unmount(container: &str, path: &str) -> String {
+/// JSON patches that remove the items of `list` (CEL, present) at `path` (a CEL
+/// string) for which `pred` (CEL over `x`) holds. A JSON patch applies its operations in
+/// order, so each removal's index is the item's own less the removals before it (the
+/// same index for all of them removed the wrong items: a user's volume once). Linear
+/// in the list. Its variables are `j`, `k` and `x`: `path` may use an enclosing `i`.
+fn remove_where(list: &str, path: &str, pred: &str) -> String {
     format!(
-        "(has({container}.volumeMounts) ? {container}.volumeMounts.map(m, m.name).filter(n, n.startsWith('kube-api-access-')).map(n, JSONPatch{{op: \"remove\", path: {path} + \"/volumeMounts/\" + string({container}.volumeMounts.map(m, m.name).indexOf(n))}}) : [])"
+        "{list}.transformList(j, x, {pred}, j).transformList(k, j, JSONPatch{{op: \"remove\", path: {path} + \"/\" + string(j - k)}})"
     )
 }
 
-/// The MutatingAdmissionPolicy, its binding, the ValidatingAdmissionPolicy and its
-/// binding, as YAML (`manifests/admission/`).
-pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
-    let containers_ty = "Object.spec.containers";
-    let inits_ty = "Object.spec.initContainers";
-    let volumes_ty = "Object.spec.volumes";
+/// JSON patches that remove the default token's mounts (`kube-api-access-*`, which the
+/// ServiceAccount admission added) from the container `c` at `path`.
+fn unmount(path: &str) -> String {
+    format!(
+        "(has(c.volumeMounts) ? {} : [])",
+        remove_where(
+            "c.volumeMounts",
+            &format!("{path} + \"/volumeMounts\""),
+            "x.name.startsWith('kube-api-access-')"
+        )
+    )
+}
+
+/// CEL: the env var `x` is the downward API's `path`, as inject writes it (the API
+/// server has given its fieldRef `apiVersion: v1`).
+fn downward(x: &str, path: &str) -> String {
+    format!(
+        "(has({x}.valueFrom) && has({x}.valueFrom.fieldRef) && {x}.valueFrom.fieldRef.fieldPath == {} && (!has({x}.valueFrom.fieldRef.apiVersion) || {x}.valueFrom.fieldRef.apiVersion == 'v1'))",
+        cel_string(path)
+    )
+}
+
+/// The wrapped container's env, as inject makes it ([`super::template`]'s `wrap`):
+/// trainlet's own settings taken out and added again; POD_NAME, POD_NAMESPACE and
+/// POD_UID from the downward API where the container has none; where it has its own
+/// POD_NAME or POD_NAMESPACE, trainlet's alias (TRAINLET_POD_NAME) beside it; then
+/// exec's settings. Patches for the container `c` at `at`.
+fn wrapped_env(cfg: &InjectConfig, at: &str) -> String {
+    let env_ty = "Object.spec.containers.env";
+    let entries: Vec<(String, String, Value)> = downward_env()
+        .iter()
+        .map(to_json)
+        .map(|e| {
+            let name = e["name"].as_str().unwrap_or_default().to_string();
+            let path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (name, path, e)
+        })
+        .collect();
+    let first = |name: &str| format!("c.env.filter(e, e.name == {})[0]", cel_string(name));
+    let has = |name: &str| {
+        format!(
+            "(has(c.env) && c.env.exists(e, e.name == {}))",
+            cel_string(name)
+        )
+    };
+    let missing = entries
+        .iter()
+        .map(|(name, _, e)| format!("({} ? [] : [{}])", has(name), cel(e, env_ty)))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let aliases = entries
+        .iter()
+        .filter_map(|(name, path, _)| {
+            let (_, node) = alias_env(name)?;
+            Some(format!(
+                "({} && !{} ? [{}] : [])",
+                has(name),
+                downward(&first(name), path),
+                cel(&to_json(&node), env_ty)
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let own: Vec<Value> = exec_env(cfg).iter().map(to_json).collect();
+    // What inject takes out first (`wrapper::is_exec_env`).
+    let ours = exec_env(&InjectConfig {
+        wrap_env: vec![
+            ("TRAINLET_OUTPUT_DIR".into(), String::new()),
+            ("TRAINLET_METRICS_ADDR".into(), String::new()),
+        ],
+        ..cfg.clone()
+    })
+    .iter()
+    .map(|e| cel_string(e.get("name").and_then(Node::as_str).unwrap_or_default()))
+    .collect::<Vec<_>>()
+    .join(", ");
+    let alias_of = entries
+        .iter()
+        .filter_map(|(name, path, _)| {
+            let (alias, _) = alias_env(name)?;
+            Some(format!(
+                "(x.name == {} && {})",
+                cel_string(alias),
+                downward("x", path)
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let remove = format!(
+        "(has(c.env) ? {} : [])",
+        remove_where(
+            "c.env",
+            &format!("{at} + \"/env\""),
+            &format!("x.name in [{ours}] || {alias_of}")
+        )
+    );
+    let add = append(
+        "c.env",
+        &format!("{at} + \"/env\""),
+        &format!(
+            "{missing} + {aliases} + {}",
+            cel(&Value::Array(own), env_ty)
+        ),
+    );
+    format!("{remove} + {add}")
+}
+
+/// The variables that make the wrapped container's command, as inject does
+/// ([`super::wrapper`]): a command that already runs a user's own `trainlet exec` keeps
+/// it and its flags, with this policy's flags added where the user set none (`--report`
+/// last); one that an earlier inject wrapped is unwrapped first; any other gets
+/// `trainlet exec … --` in front.
+fn command_variables(cfg: &InjectConfig) -> String {
+    let wrapper = format!(
+        "[{}, {}] + variables.execArgs + ['--']",
+        cel_string(&format!("{}/trainlet", cfg.install_to)),
+        cel_string(flags::EXEC),
+    );
+    let exec_flags = EXEC_FLAGS.map(cel_string).join(", ");
+    let report = cel_string(&flags::long(flags::REPORT));
+    format!(
+        r#"    - name: cmd
+      expression: >-
+        object.spec.containers.filter(c, c.name == variables.wrap)[0].command
+    - name: isExec
+      expression: >-
+        size(variables.cmd) >= 4 && variables.cmd[1] == {exec} &&
+        (variables.cmd[0] == 'trainlet' || variables.cmd[0].endsWith('/trainlet')) &&
+        '--' in variables.cmd && variables.cmd.indexOf('--') < size(variables.cmd) - 1
+    - name: userFlags
+      expression: >-
+        variables.cmd.slice(2, variables.cmd.indexOf('--'))
+    - name: original
+      expression: >-
+        variables.cmd.slice(variables.cmd.indexOf('--') + 1, size(variables.cmd))
+    - name: isOwn
+      expression: >-
+        variables.cmd[0].startsWith('/') && size(variables.userFlags) > 0 && variables.userFlags[0] == {report} &&
+        variables.userFlags.slice(1, size(variables.userFlags)).all(a, a.startsWith('--') && a.contains('=')) &&
+        variables.userFlags.slice(1, size(variables.userFlags)).map(a, [{exec_flags}].indexOf(a.substring(2).split('=')[0])).all(k, x, x >= 0 && (k == 0 || variables.userFlags.slice(1, size(variables.userFlags)).map(a, [{exec_flags}].indexOf(a.substring(2).split('=')[0]))[k - 1] < x))
+    - name: userNames
+      expression: >-
+        variables.userFlags.filter(a, a.startsWith('--')).map(a, a.substring(2).split('=')[0])
+    - name: added
+      expression: >-
+        variables.execArgs.filter(a, !(a.substring(2).split('=')[0] in variables.userNames))
+    - name: command
+      expression: >-
+        !variables.isExec ? {wrapper} + variables.cmd :
+        variables.isOwn ? {wrapper} + variables.original :
+        variables.cmd.slice(0, 1) + [{exec}] + variables.userFlags + variables.added.filter(a, a != {report}) +
+        variables.added.filter(a, a == {report}) + ['--'] + variables.original
+"#,
+        exec = cel_string(flags::EXEC),
+    )
+}
+
+/// trainlet's init container and sidecar, first in the pod's init containers: a CEL
+/// list of the two, as inject makes them for a pod with a wrapped container or none.
+fn trainlet_inits(cfg: &InjectConfig) -> String {
+    let ty = "Object.spec.initContainers";
     let c = |wrapped: bool| shape(cfg, wrapped);
     let init =
         |wrapped: bool| with_args(to_json(&init_container(&c(wrapped))), "variables.initArgs");
     let side = |wrapped: bool| with_args(to_json(&sidecar(&c(wrapped))), "variables.sidecarArgs");
-    let trainlet_inits = format!(
+    format!(
         "(variables.wrap != '' ? [{}, {}] : [{}, {}])",
-        cel(&init(true), inits_ty),
-        cel(&side(true), inits_ty),
-        cel(&init(false), inits_ty),
-        cel(&side(false), inits_ty),
-    );
+        cel(&init(true), ty),
+        cel(&side(true), ty),
+        cel(&init(false), ty),
+        cel(&side(false), ty),
+    )
+}
+
+/// trainlet's volumes, as a CEL list.
+fn trainlet_volumes() -> String {
     let vols = |wrapped: bool| {
         let mut v = vec![to_json(&volume())];
         if wrapped {
             v.push(to_json(&observed_volume()));
         }
         v.push(to_json(&token_volume()));
-        cel(&Value::Array(v), volumes_ty)
+        cel(&Value::Array(v), "Object.spec.volumes")
     };
-    let trainlet_volumes = format!("(variables.wrap != '' ? {} : {})", vols(true), vols(false));
+    format!("(variables.wrap != '' ? {} : {})", vols(true), vols(false))
+}
+
+/// The patches of every container: the default token's mount out, trainlet's files
+/// in (read-only), and for the wrapped one the handover, the command and the env.
+fn containers_patch(cfg: &InjectConfig) -> String {
+    let mounts_ty = "Object.spec.containers.volumeMounts";
     let own_mount = cel(
         &Value::Array(vec![to_json(&mount(&cfg.output_dir, true))]),
-        &format!("{containers_ty}.volumeMounts"),
+        mounts_ty,
     );
     let observed_mount = cel(
         &Value::Array(vec![to_json(&mount_of(
@@ -152,88 +326,57 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
             &cfg.observations_dir,
             false,
         ))]),
-        &format!("{containers_ty}.volumeMounts"),
+        mounts_ty,
     );
-    let own_env: Vec<Value> = exec_env(cfg).iter().map(to_json).collect();
-    let env_ty = format!("{containers_ty}.env");
-    // The downward env where the container does not set that variable itself.
-    let downward = downward_env()
-        .iter()
-        .map(to_json)
-        .map(|e| {
-            format!(
-                "((has(object.spec.containers[i].env) ? object.spec.containers[i].env : []).exists(e, e.name == {}) ? [] : [{}])",
-                cel_string(e["name"].as_str().unwrap_or_default()),
-                cel(&e, &env_ty)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" + ");
-    let wrapper = format!(
-        "[{}, {}] + variables.execArgs + ['--']",
-        cel_string(&format!("{}/trainlet", cfg.install_to)),
-        cel_string(flags::EXEC),
+    let at = "\"/spec/containers/\" + string(i)";
+    let mounts = append(
+        "c.volumeMounts",
+        &format!("{at} + \"/volumeMounts\""),
+        &format!("{own_mount} + (c.name == variables.wrap ? {observed_mount} : [])"),
     );
+    format!(
+        "object.spec.containers.transformList(i, c, {unmount} + {mounts}).flatten() +
+          object.spec.containers.transformList(i, c, c.name == variables.wrap,
+            [JSONPatch{{op: \"add\", path: {at} + \"/command\", value: variables.command}}] +
+            {env}).flatten()",
+        unmount = unmount(at),
+        env = wrapped_env(cfg, at),
+    )
+}
+
+/// The MutatingAdmissionPolicy, its binding, the ValidatingAdmissionPolicy and its
+/// binding, as YAML (`manifests/admission/`).
+pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
+    let (out, obs) = (&cfg.output_dir, &cfg.observations_dir);
     let sa = cel_string(&cfg.service_account);
     let tf_port = settings.default_port;
     let port = annotation(flags::PORT);
     let framework = annotation(flags::FRAMEWORK);
-    let observations = cel_string(&flags::with_value(
-        flags::OBSERVATIONS,
-        &cfg.observations_dir,
-    ));
+    let observations = cel_string(&flags::with_value(flags::OBSERVATIONS, obs));
     let wrap_key = cel_string(&format!("{PREFIX}{WRAP}"));
     let label = cel_string(LABEL);
-    let (init_name, sidecar_name) = (cel_string(INIT_CONTAINER), cel_string(SIDECAR));
-    let init_args = args(&settings.init);
     let exec_args = format!("['--{}'] + {}", flags::REPORT, args(&settings.exec));
-    let unmount_init = unmount(
-        "object.spec.initContainers[i]",
-        "\"/spec/initContainers/\" + string(i)",
-    );
-    let unmount = unmount(
-        "object.spec.containers[i]",
-        "\"/spec/containers/\" + string(i)",
-    );
-    let container = "object.spec.containers[i]";
-    let at = "\"/spec/containers/\" + string(i)";
-    let append_mounts = append(
-        &format!("{container}.volumeMounts"),
-        &format!("{at} + \"/volumeMounts\""),
-        &format!("{own_mount} + (variables.names[i] == variables.wrap ? {observed_mount} : [])"),
-    );
-    let append_env = append(
-        &format!("{container}.env"),
-        &format!("{at} + \"/env\""),
-        &format!("{downward} + {}", cel(&Value::Array(own_env), &env_ty)),
-    );
     let scrape = scrape_annotations(cfg)
-    .iter()
-    .map(|(k, v)| {
-        format!(
-            "JSONPatch{{op: \"add\", path: \"/metadata/annotations/\" + jsonpatch.escapeKey({}), value: {}}}",
-            cel_string(k),
-            cel_string(v)
-        )
-    })
-    .collect::<Vec<_>>()
-    .join(",\n            ");
-    let validations = validations(settings);
-    // What both policies match: pods at creation that opt in.
-    let opted_in = format!(
-        r#"  matchConstraints:
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "JSONPatch{{op: \"add\", path: \"/metadata/annotations/\" + jsonpatch.escapeKey({}), value: {}}}",
+                cel_string(k),
+                cel_string(v)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",\n            ");
+    let labels = "(has(object.metadata.labels) ? object.metadata.labels : {})";
+    let injected = injected();
+    let constraints = r#"  matchConstraints:
     resourceRules:
       - apiGroups: [""]
         apiVersions: ["v1"]
         operations: ["CREATE"]
         resources: ["pods"]
-  matchConditions:
-    - name: opted-in
-      expression: >-
-        has(object.metadata.labels) && object.metadata.labels[?{label}].orValue('') == 'true'
-"#
-    );
-    // The variables both policies read the settings with.
+"#;
+    // What both policies read the settings with.
     let settings_vars = format!(
         r#"  variables:
     - name: a
@@ -244,6 +387,8 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
         variables.a[?{wrap_key}].orValue('')
 "#
     );
+    let trainlet_inits = trainlet_inits(cfg);
+    let trainlet_volumes = trainlet_volumes();
     format!(
         r#"# Generated by `trainlet inject --admission-policy`: edit the flags, not this file.
 #
@@ -263,20 +408,20 @@ metadata:
 spec:
   failurePolicy: Fail
   reinvocationPolicy: Never
-{opted_in}    # Already injected (by `trainlet inject`, or an earlier pass): left as it is.
+{constraints}  matchConditions:
+    - name: opted-in
+      expression: >-
+        {labels}[?{label}].orValue('') == 'true'
+    # Already injected (by `trainlet inject`, or an earlier pass): left as it is.
     - name: not-injected
       expression: >-
-        !has(object.spec.initContainers) ||
-        !object.spec.initContainers.exists(c, c.name == {init_name} || c.name == {sidecar_name})
+        !({injected})
     # Settings that the ValidatingAdmissionPolicy {NAME} rejects with a message: not
     # mutated, so that its message is what the user sees.
     - name: valid
       expression: >-
         {valid}
-{settings_vars}    - name: names
-      expression: >-
-        object.spec.containers.map(c, c.name)
-    - name: initArgs
+{settings_vars}    - name: initArgs
       expression: >-
         {init_args}
     - name: sidecarArgs
@@ -287,7 +432,7 @@ spec:
     - name: execArgs
       expression: >-
         {exec_args}
-  mutations:
+{command}  mutations:
     # Scrape annotations, trainlet's ServiceAccount, and no token mounted by default.
     - patchType: JSONPatch
       jsonPatch:
@@ -307,8 +452,7 @@ spec:
       jsonPatch:
         expression: |
           !has(object.spec.initContainers) ? [] :
-          object.spec.initContainers.map(c, c.name).map(n, object.spec.initContainers.map(c, c.name).indexOf(n)).map(i,
-            {unmount_init}).flatten()
+          object.spec.initContainers.transformList(i, c, {unmount_init}).flatten()
     # trainlet-init and the sidecar first, then the user's init containers.
     - patchType: JSONPatch
       jsonPatch:
@@ -323,21 +467,14 @@ spec:
         expression: |
           !has(object.spec.volumes) ?
             [JSONPatch{{op: "add", path: "/spec/volumes", value: {trainlet_volumes}}}] :
-            object.spec.volumes.map(v, v.name).filter(n, n.startsWith('kube-api-access-')).map(n,
-              JSONPatch{{op: "remove", path: "/spec/volumes/" + string(object.spec.volumes.map(v, v.name).indexOf(n))}}) +
+            {remove_tokens} +
             ({trainlet_volumes}).map(v, JSONPatch{{op: "add", path: "/spec/volumes/-", value: v}})
     # Every container mounts trainlet's files read-only and not the default token; the
     # one that {PREFIX}{WRAP} names runs its command under `trainlet exec`.
     - patchType: JSONPatch
       jsonPatch:
         expression: |
-          variables.names.map(n, variables.names.indexOf(n)).map(i,
-            {unmount} +
-            {append_mounts}).flatten() +
-          variables.names.map(n, variables.names.indexOf(n)).filter(i, variables.names[i] == variables.wrap).map(i,
-            [JSONPatch{{op: "add", path: "/spec/containers/" + string(i) + "/command",
-               value: {wrapper} + object.spec.containers[i].command}}] +
-            {append_env}).flatten()
+          {containers}
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingAdmissionPolicyBinding
@@ -350,7 +487,8 @@ spec:
 ---
 # Rejects a pod that opts in with settings missing or bad, naming the annotation: a
 # pod started broken would fail in its init container instead, once per pod of the
-# job.
+# job. It matches any value of the label but "false", so that a misspelt "True" is
+# told rather than ignored.
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -359,7 +497,14 @@ metadata:
     app.kubernetes.io/name: trainlet
 spec:
   failurePolicy: Fail
-{opted_in}{settings_vars}{validations}
+{constraints}  matchConditions:
+    - name: opted-in
+      expression: >-
+        {labels}[?{label}].orValue('false') != 'false'
+    - name: not-injected
+      expression: >-
+        !({injected})
+{settings_vars}{validations}
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
@@ -371,7 +516,17 @@ spec:
   policyName: {NAME}
   validationActions: [Deny]
 "#,
-        valid = valid_expression(settings),
+        valid = valid_expression(settings, out, obs),
+        validations = validations(settings, out, obs),
+        init_args = args(&settings.init),
+        command = command_variables(cfg),
+        unmount_init = unmount("\"/spec/initContainers/\" + string(i)"),
+        remove_tokens = remove_where(
+            "object.spec.volumes",
+            "\"/spec/volumes\"",
+            "x.name.startsWith('kube-api-access-')"
+        ),
+        containers = containers_patch(cfg),
     )
 }
 
@@ -380,7 +535,6 @@ mod tests {
     use serde_json::json;
 
     use super::cel::RAW;
-    use super::validate::hint;
     use super::*;
 
     #[test]
@@ -407,12 +561,12 @@ mod tests {
         let settings = [
             Setting::Each {
                 flag: "job",
-                pattern: ".",
+                rule: Rule::Jobs,
             },
             Setting::Value {
                 flag: "order",
                 default: Some("index".into()),
-                pattern: ".",
+                rule: Rule::Choice(&["index", "name"]),
             },
             Setting::Fixed("--install-to=/etc/trainlet/bin".into()),
             Setting::Switch { flag: "preflight" },
@@ -433,18 +587,6 @@ mod tests {
         assert_eq!(args(&[]), "[]");
     }
 
-    #[test]
-    fn a_hint_lists_the_choices_of_an_enumeration() {
-        assert_eq!(
-            hint("on-stall", "^(report|restart|exit)$"),
-            "give one of report, restart, exit"
-        );
-        assert_eq!(
-            hint("expect", "^[A-Za-z0-9_.-]+=[0-9]+$"),
-            "give a value as --expect takes it (`trainlet inject --help`)"
-        );
-    }
-
     /// Match conditions cannot read `variables`: the validity check spells them out.
     #[test]
     fn the_match_condition_reads_no_variables() {
@@ -453,12 +595,12 @@ mod tests {
             exec: vec![Setting::Value {
                 flag: "stall-after",
                 default: None,
-                pattern: "^.+$",
+                rule: Rule::Pattern,
             }],
             required: vec!["job"],
             default_port: 8470,
         };
-        let e = valid_expression(&settings);
+        let e = valid_expression(&settings, "/etc/trainlet", "/run/trainlet-observed");
         assert!(!e.contains("variables."), "{e}");
         assert!(e.contains("trainlet.io/stall-after"), "{e}");
     }

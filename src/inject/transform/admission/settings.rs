@@ -3,6 +3,7 @@
 //! shape of a valid value.
 
 use super::cel::cel_string;
+use super::rule::Rule;
 
 /// The label a pod opts in with.
 pub const LABEL: &str = "trainlet.io/inject";
@@ -17,19 +18,17 @@ pub const NAME: &str = "trainlet-inject";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Setting {
     /// `--flag=VALUE`, unless the value is the flag's default (`inject` writes only
-    /// what differs). `pattern`: what a valid value matches (RE2), for the validation.
+    /// what differs), valid by `rule`.
     Value {
         flag: &'static str,
         default: Option<String>,
-        pattern: &'static str,
+        rule: Rule,
     },
     /// `--flag` when the annotation is `"true"`.
     Switch { flag: &'static str },
-    /// One `--flag=ITEM` per `;`-separated item (repeatable flags such as `--job`).
-    Each {
-        flag: &'static str,
-        pattern: &'static str,
-    },
+    /// One `--flag=ITEM` per `;`-separated item (repeatable flags such as `--job`); the
+    /// whole value valid by `rule`.
+    Each { flag: &'static str, rule: Rule },
     /// Always written, from no annotation (`--install-to`).
     Fixed(String),
 }
@@ -41,6 +40,14 @@ impl Setting {
                 Some(flag)
             }
             Setting::Fixed(_) => None,
+        }
+    }
+
+    /// The rule of a setting that takes a value.
+    pub(super) fn rule(&self) -> Option<&Rule> {
+        match self {
+            Setting::Value { rule, .. } | Setting::Each { rule, .. } => Some(rule),
+            Setting::Switch { .. } | Setting::Fixed(_) => None,
         }
     }
 }
@@ -65,4 +72,45 @@ pub(super) fn annotation(flag: &str) -> String {
         "variables.a[?{}].orValue('')",
         cel_string(&format!("{PREFIX}{flag}"))
     )
+}
+
+/// A value that `inject` would write and the policy would refuse: the flag, the
+/// value, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub flag: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+impl Settings {
+    /// Checks the arguments `inject` writes (`--flag=value`) by the rules the policy
+    /// checks the same settings' annotations with, so that a value passes both or
+    /// neither. The items of a repeated flag (`--job`) are checked as the one
+    /// annotation that would carry them, joined by `;`.
+    pub fn check_args(&self, args: &[String]) -> Result<(), Refused> {
+        for s in self.init.iter().chain(&self.exec) {
+            let (Some(flag), Some(rule)) = (s.flag(), s.rule()) else {
+                continue;
+            };
+            let prefix = format!("--{flag}=");
+            let values: Vec<&str> = args
+                .iter()
+                .filter_map(|a| a.strip_prefix(&prefix))
+                .collect();
+            if values.is_empty() {
+                continue;
+            }
+            let value = match s {
+                Setting::Each { .. } => values.join(";"),
+                _ => values.concat(),
+            };
+            rule.check(&value).map_err(|why| Refused {
+                flag,
+                value: value.clone(),
+                why,
+            })?;
+        }
+        Ok(())
+    }
 }
