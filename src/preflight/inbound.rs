@@ -60,12 +60,16 @@ pub async fn serve(listener: &TcpListener, expect: Expect, deadline: Instant) ->
     let mut handling = JoinSet::new();
     let mut refused = None;
     loop {
+        // Biased: a connection that proved the path counts even at the deadline (its
+        // peer counts it already), and nothing is accepted past it.
         tokio::select! {
+            biased;
             Some(done) = handling.join_next() => match done {
                 Ok(Ok(())) => return Inbound::Reached,
                 Ok(Err(Dropped::Refused(why))) => refused = Some(why.to_string()),
                 Ok(Err(_)) | Err(_) => {}
             },
+            () = tokio::time::sleep_until(deadline) => return Inbound::NotReached { refused },
             accepted = listener.accept() => match accepted {
                 Ok((s, from)) => match slots.clone().try_acquire_owned() {
                     Ok(slot) => {
@@ -80,7 +84,6 @@ pub async fn serve(listener: &TcpListener, expect: Expect, deadline: Instant) ->
                     tokio::time::sleep_until(deadline.min(Instant::now() + ACCEPT_PAUSE)).await;
                 }
             },
-            () = tokio::time::sleep_until(deadline) => return Inbound::NotReached { refused },
         }
     }
 }
