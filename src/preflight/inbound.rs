@@ -5,8 +5,8 @@
 //! it, say nothing, or drip a byte at a time. So each connection is handled in a task
 //! of its own with its own short deadline ([`CONNECTION`], never past the pre-flight's),
 //! at most [`CONCURRENT`] at once (one more is closed at once: the previous task's pod
-//! retries within [`super::outbound`]'s pause), and the wait ends at the pre-flight's
-//! deadline whatever the connections do.
+//! retries 50 ms later), and the wait ends at the pre-flight's deadline whatever the
+//! connections do.
 
 use std::sync::Arc;
 use std::time::Duration;
