@@ -141,6 +141,7 @@ pub async fn run(
     cfg: &InitConfig,
     describe: impl Fn(&InitError) -> String,
 ) -> Result<Outcome, InitError> {
+    let started = std::time::Instant::now();
     // A run killed between creating and renaming a file left it behind.
     for dir in std::iter::once(&cfg.output_dir).chain(&cfg.install_to) {
         for f in render::remove_leftovers(dir) {
@@ -159,6 +160,7 @@ pub async fn run(
         client,
         id,
         own,
+        started,
         describe: &describe,
     };
     let role = this.role();
@@ -210,6 +212,8 @@ struct Session<'a> {
     own_uid: String,
     publisher: Publisher,
     scope: Scope,
+    /// When init started: `--timeout` bounds the pre-flight from here.
+    started: std::time::Instant,
     describe: &'a dyn Fn(&InitError) -> String,
 }
 
@@ -365,7 +369,8 @@ impl Session<'_> {
     }
 
     /// `--preflight`: proves the ring around the own task within what is left of
-    /// `--timeout`; on failure a `PeerUnreachable` Event names the peers.
+    /// `--timeout` since init started, a hard deadline whatever the peers do; on failure
+    /// a `PeerUnreachable` Event names the peers.
     async fn preflight(&self, found: &Found) -> Result<(), InitError> {
         if !self.cfg.preflight {
             return Ok(());
@@ -375,7 +380,7 @@ impl Session<'_> {
             return Ok(());
         };
         let within = self.cfg.timeout.map_or(PREFLIGHT_WITHOUT_TIMEOUT, |t| {
-            t.saturating_sub(found.waited).max(PREFLIGHT_LEAST)
+            t.saturating_sub(self.started.elapsed())
         });
         let namespace = self.id.namespace.clone();
         let client = self.client.clone();
@@ -471,8 +476,6 @@ impl Session<'_> {
 /// The pre-flight's bound where `--timeout` is 0 (wait forever for the peers): the
 /// pods that waited together reach each other in seconds, or not at all.
 const PREFLIGHT_WITHOUT_TIMEOUT: Duration = Duration::from_secs(300);
-/// At least this long, where the wait for the peers used nearly all of `--timeout`.
-const PREFLIGHT_LEAST: Duration = Duration::from_secs(30);
 
 /// Reporting to the pod is secondary to the files: log, and carry on.
 fn best_effort<E: std::fmt::Display>(r: Result<(), E>, what: &str) {

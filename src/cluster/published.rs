@@ -170,6 +170,31 @@ pub fn encode(
     generation: u64,
     lost: &[String],
 ) -> Result<String, PublishedError> {
+    let json = payload(cluster, order, lost);
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&json).expect("writing to memory");
+    let deflated = z.finish().expect("writing to memory");
+    let peers = cluster.tasks.values().map(Vec::len).sum();
+    let text = serde_json::to_string(&Envelope {
+        v: VERSION,
+        generation,
+        peers,
+        sha256: sha256_hex(&json),
+        deflate: BASE64.encode(deflated),
+    })
+    .expect("plain data");
+    if text.len() > MAX_ENCODED {
+        return Err(PublishedError::TooLarge {
+            peers,
+            bytes: text.len(),
+        });
+    }
+    Ok(text)
+}
+
+/// The JSON that the annotation deflates and hashes: each task's name, address, node and
+/// uid, types in `order`, and the lost tasks.
+fn payload(cluster: &Cluster, order: &[&str], lost: &[String]) -> Vec<u8> {
     let tasks: Vec<(&str, Vec<Entry>)> = order
         .iter()
         .map(|t| {
@@ -192,26 +217,19 @@ pub fn encode(
         tasks,
         lost: lost.to_vec(),
     };
-    let json = serde_json::to_vec(&payload).expect("plain data");
-    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
-    z.write_all(&json).expect("writing to memory");
-    let deflated = z.finish().expect("writing to memory");
-    let peers = cluster.tasks.values().map(Vec::len).sum();
-    let text = serde_json::to_string(&Envelope {
-        v: VERSION,
-        generation,
-        peers,
-        sha256: sha256_hex(&json),
-        deflate: BASE64.encode(deflated),
-    })
-    .expect("plain data");
-    if text.len() > MAX_ENCODED {
-        return Err(PublishedError::TooLarge {
-            peers,
-            bytes: text.len(),
-        });
-    }
-    Ok(text)
+    serde_json::to_vec(&payload).expect("plain data")
+}
+
+/// The SHA-256 of the resolved cluster: of the payload a resolver publishes for it, with
+/// its types in the cluster's order (alphabetical) and no lost task, so the same for
+/// every pod that resolved the same cluster, whether it watched every peer or followed
+/// the resolver. It changes with any task's pod, address or node, and pod uids are
+/// random: a process that cannot read the job's pods cannot compute it (the
+/// pre-flight's hellos are keyed with it).
+pub fn digest(cluster: &Cluster) -> [u8; 32] {
+    let order: Vec<&str> = cluster.tasks.keys().map(String::as_str).collect();
+    let hash = ring::digest::digest(&ring::digest::SHA256, &payload(cluster, &order, &[]));
+    hash.as_ref().try_into().expect("SHA-256 has 32 bytes")
 }
 
 /// Decodes an annotation into the resolution (peers in `namespace`). Everything is
@@ -427,6 +445,33 @@ mod tests {
         assert!(!r.is_complete());
         assert!(!r.same_content(&resolution(&c, 8, &[])));
         assert!(r.same_content(&resolution(&c, 9, &["worker/3", "ps/1"])));
+    }
+
+    #[test]
+    fn the_digest_is_the_published_hash_and_follows_every_entry() {
+        let c = cluster(2, 3);
+        let text = encode(&c, &["ps", "worker"], 1, &[]).unwrap();
+        let env: Envelope = serde_json::from_str(&text).unwrap();
+        let hex: String = digest(&c).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, env.sha256);
+        // What a follower decodes digests alike, whatever the generation.
+        let followed = decode(&encode(&c, &["worker", "ps"], 9, &[]).unwrap(), "other").unwrap();
+        assert_eq!(digest(&followed.cluster), digest(&c));
+        let changed: [fn(&mut Peer); 4] = [
+            |p| p.name.push('x'),
+            |p| p.address.push('1'),
+            |p| p.node = None,
+            |p| p.uid.push('0'),
+        ];
+        for change in changed {
+            let mut other = c.clone();
+            change(&mut other.tasks.get_mut("worker").unwrap()[2]);
+            assert_ne!(digest(&other), digest(&c));
+        }
+        // Not part of a peer's identity: the same resolution.
+        let mut same = c.clone();
+        same.tasks.get_mut("ps").unwrap()[0].past_init = true;
+        assert_eq!(digest(&same), digest(&c));
     }
 
     #[test]

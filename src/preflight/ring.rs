@@ -8,7 +8,7 @@
 //! both ends: the connecting pod knows it got through, the accepting pod knows it was
 //! reached.
 
-use crate::cluster::{Cluster, address};
+use crate::cluster::{Cluster, address, published};
 
 /// One task of the ring, as the files name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,9 @@ pub struct Ring {
     pub previous: Neighbour,
     /// The own task's port: where the previous task's pod connects.
     pub port: u16,
+    /// The resolved cluster's digest, which keys the hellos ([`super::hello`]): only the
+    /// pods that resolved the same cluster prove a path to each other.
+    pub resolution: [u8; 32],
 }
 
 /// The ring around `own` (`type/index`) in `cluster`.
@@ -58,30 +61,8 @@ pub fn ring(cluster: &Cluster, own: &str) -> Option<Ring> {
         next: tasks[(at + 1) % n].clone(),
         previous: tasks[(at + n - 1) % n].clone(),
         port: address::port(&tasks[at].address)?,
+        resolution: published::digest(cluster),
     })
-}
-
-/// The most bytes of a hello: a connection that says more is not a peer's.
-pub const HELLO_MAX: usize = 256;
-
-/// What the connecting pod says first: its task, so that the accepting pod knows who
-/// reached it.
-pub fn hello(task: &str) -> String {
-    format!("trainlet-preflight {task}\n")
-}
-
-/// What the accepting pod answers the previous task's hello with: the hello reached
-/// its trainlet-init, not merely some socket on the port (the kernel completes a
-/// connection for any listener, even one about to close).
-pub const ACK: &str = "trainlet-preflight ok\n";
-
-/// The task a hello names, if the line is one.
-pub fn parse_hello(line: &str) -> Option<&str> {
-    let task = line
-        .strip_suffix('\n')?
-        .strip_prefix("trainlet-preflight ")?;
-    (!task.is_empty() && task.len() < HELLO_MAX && !task.contains(char::is_whitespace))
-        .then_some(task)
 }
 
 /// How the connection to the next task ended.
@@ -93,8 +74,20 @@ pub enum Outbound {
     Refused,
     /// No answer to any attempt (what a dropped packet gives).
     NoAnswer,
-    /// The last attempt's error: no route, a reset.
+    /// The last attempt's error: no route, a reset, a hello not acknowledged.
     Failed(String),
+}
+
+/// How the wait for the previous task's pod ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound {
+    /// Its hello checked out, and it confirmed that it holds the ack.
+    Reached,
+    /// Its pod is past its init: its training process, not its trainlet-init, runs.
+    PastInit,
+    /// Not reached; `refused` says why the last hello that did not count (any
+    /// connection's) did not: what a pod of another resolution, or a forger, sent.
+    NotReached { refused: Option<String> },
 }
 
 /// What the pod concludes, where it could not prove the ring: each line names a peer
@@ -103,8 +96,7 @@ pub fn verdict(
     ring: &Ring,
     out: &Outbound,
     next_past_init: bool,
-    reached_by_previous: bool,
-    previous_past_init: bool,
+    previous: &Inbound,
     waited: std::time::Duration,
 ) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
@@ -125,9 +117,12 @@ pub fn verdict(
             ring.next.task, ring.next.pod, ring.next.address
         )),
     }
-    if !reached_by_previous && !previous_past_init {
+    if let Inbound::NotReached { refused } = previous {
+        let why = refused.as_ref().map_or(String::new(), |why| {
+            format!(" (the last hello refused: {why})")
+        });
         problems.push(format!(
-            "{} ({}, {}) did not reach this pod's port {} within {secs:.0}s",
+            "{} ({}, {}) did not reach this pod's port {} within {secs:.0}s{why}",
             ring.previous.task,
             ring.previous.pod,
             address::host(&ring.previous.address),
@@ -211,18 +206,15 @@ mod tests {
     }
 
     #[test]
-    fn hellos_name_a_task_and_nothing_else_is_one() {
-        assert_eq!(parse_hello(&hello("worker/3")), Some("worker/3"));
-        for bad in [
-            "GET / HTTP/1.1\r\n",
-            "trainlet-preflight \n",
-            "trainlet-preflight worker/3",
-            "trainlet-preflight a b\n",
-        ] {
-            assert_eq!(parse_hello(bad), None, "{bad:?}");
+    fn every_pod_of_one_resolution_keys_its_ring_alike() {
+        let c = cluster(&[("worker", 3)]);
+        let digest = published::digest(&c);
+        for i in 0..3 {
+            assert_eq!(ring(&c, &format!("worker/{i}")).unwrap().resolution, digest);
         }
-        let long = hello(&"w".repeat(HELLO_MAX));
-        assert_eq!(parse_hello(&long), None);
+        let mut other = c.clone();
+        other.tasks.get_mut("worker").unwrap()[1].uid = "u-replaced".into();
+        assert_ne!(ring(&other, "worker/0").unwrap().resolution, digest);
     }
 
     #[test]
@@ -230,17 +222,18 @@ mod tests {
         let c = cluster(&[("worker", 3)]);
         let r = ring(&c, "worker/1").unwrap();
         let t = Duration::from_secs(30);
+        let not_reached = Inbound::NotReached { refused: None };
         assert_eq!(
-            verdict(&r, &Outbound::Connected, false, true, false, t),
+            verdict(&r, &Outbound::Connected, false, &Inbound::Reached, t),
             Ok(())
         );
         // A peer past its init answers with a refusal: reached.
         assert_eq!(
-            verdict(&r, &Outbound::Refused, true, false, true, t),
+            verdict(&r, &Outbound::Refused, true, &Inbound::PastInit, t),
             Ok(())
         );
         assert_eq!(
-            verdict(&r, &Outbound::NoAnswer, false, false, false, t),
+            verdict(&r, &Outbound::NoAnswer, false, &not_reached, t),
             Err(vec![
                 "this pod cannot reach worker/2 (worker-2) at 10.0.0.8:8470: no answer within 30s"
                     .to_string(),
@@ -253,8 +246,7 @@ mod tests {
                 &r,
                 &Outbound::Failed("No route to host (os error 113)".into()),
                 false,
-                true,
-                false,
+                &Inbound::Reached,
                 t
             ),
             Err(vec![
@@ -263,9 +255,20 @@ mod tests {
             ])
         );
         assert_eq!(
-            verdict(&r, &Outbound::Refused, false, true, false, t),
+            verdict(&r, &Outbound::Refused, false, &Inbound::Reached, t),
             Err(vec![
                 "worker/2 (worker-2) at 10.0.0.8:8470 refused this pod's connections for 30s: its trainlet-init never listened"
+                    .to_string()
+            ])
+        );
+        // The hellos refused meanwhile say what came instead of the previous task's.
+        let refused = Inbound::NotReached {
+            refused: Some("its hello is from \"worker/5\", not from worker/0".into()),
+        };
+        assert_eq!(
+            verdict(&r, &Outbound::Connected, false, &refused, t),
+            Err(vec![
+                "worker/0 (worker-0, 10.0.0.6) did not reach this pod's port 8470 within 30s (the last hello refused: its hello is from \"worker/5\", not from worker/0)"
                     .to_string()
             ])
         );

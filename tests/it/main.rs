@@ -61,6 +61,7 @@ mod node_two;
 mod packaging;
 mod peer_watch;
 mod preflight;
+mod preflight_hostile;
 mod readme;
 mod report_gpu;
 mod report_handover;

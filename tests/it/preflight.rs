@@ -25,6 +25,24 @@ async fn ring_of_three(
     ips: [&str; 3],
     ports: [u16; 3],
 ) -> (String, Vec<Run>, Vec<tempfile::TempDir>) {
+    let ns = pending_pods(prefix, ips, ports).await;
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let handles: Vec<_> = (0..3)
+        .map(|i| {
+            let mut cmd = preflight_init(&ns, i, dirs[i].path(), "40s");
+            tokio::task::spawn_blocking(move || run(&mut cmd))
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for h in handles {
+        runs.push(h.await.unwrap());
+    }
+    (ns, runs, dirs)
+}
+
+/// The three pods of [`ring_of_three`], Pending in their trainlet-init at `ips`, in a
+/// new namespace, which it returns.
+pub(crate) async fn pending_pods(prefix: &str, ips: [&str; 3], ports: [u16; 3]) -> String {
     let client = admin().await;
     let ns = namespace(&client, prefix).await;
     let kubelet = Kubelet::new(&client, &ns);
@@ -56,37 +74,31 @@ async fn ring_of_three(
             )
             .await;
     }
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let handles: Vec<_> = (0..3)
-        .map(|i| {
-            let mut cmd = init_cmd(
-                kubeconfig(),
-                &ns,
-                &format!("pf-{i}"),
-                dirs[i].path(),
-                &[
-                    "--job",
-                    "worker=app=pf",
-                    "--expect",
-                    "worker=3",
-                    "--port-name",
-                    "task",
-                    "--preflight",
-                    "--timeout",
-                    "40s",
-                ],
-            );
-            tokio::task::spawn_blocking(move || run(&mut cmd))
-        })
-        .collect();
-    let mut runs = Vec::new();
-    for h in handles {
-        runs.push(h.await.unwrap());
-    }
-    (ns, runs, dirs)
+    ns
 }
 
-fn proven(stderr: &str) -> bool {
+/// `trainlet init --preflight` for pod `pf-{i}` of [`pending_pods`], writing to `out`.
+pub(crate) fn preflight_init(ns: &str, i: usize, out: &std::path::Path, timeout: &str) -> Command {
+    init_cmd(
+        kubeconfig(),
+        ns,
+        &format!("pf-{i}"),
+        out,
+        &[
+            "--job",
+            "worker=app=pf",
+            "--expect",
+            "worker=3",
+            "--port-name",
+            "task",
+            "--preflight",
+            "--timeout",
+            timeout,
+        ],
+    )
+}
+
+pub(crate) fn proven(stderr: &str) -> bool {
     stderr.contains("pre-flight: the network to the ring's neighbours is proven")
 }
 
