@@ -48,7 +48,7 @@ fn admission_policy_refuses_the_pods_own_flags() {
 }
 
 /// Installs the shipped policy and waits until the API server applies it.
-async fn install(kc: &Path, ns: &str) {
+pub(crate) async fn install(kc: &Path, ns: &str) {
     let dir = repo().join("manifests/admission");
     kubectl_on(kc, &["apply", "-k", dir.to_str().unwrap()]);
     let probe = labelled(
@@ -73,7 +73,7 @@ async fn install(kc: &Path, ns: &str) {
 }
 
 /// A container as Pod Security `restricted` wants it.
-fn container(name: &str, command: Value) -> Value {
+pub(crate) fn container(name: &str, command: Value) -> Value {
     json!({
         "name": name,
         "image": "trainer:1",
@@ -83,7 +83,7 @@ fn container(name: &str, command: Value) -> Value {
 }
 
 /// A Pod with the opt-in label and these annotations.
-fn labelled(name: &str, annotations: Value, containers: Value) -> Value {
+pub(crate) fn labelled(name: &str, annotations: Value, containers: Value) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -96,7 +96,7 @@ fn labelled(name: &str, annotations: Value, containers: Value) -> Value {
     })
 }
 
-fn restricted_spec(containers: Value, inits: Value, volumes: Value) -> Value {
+pub(crate) fn restricted_spec(containers: Value, inits: Value, volumes: Value) -> Value {
     let mut spec = json!({
         "restartPolicy": "Never",
         "securityContext": {
@@ -117,7 +117,12 @@ fn restricted_spec(containers: Value, inits: Value, volumes: Value) -> Value {
 
 /// `kubectl create --dry-run=server -o OUTPUT` of `doc`: what the API server would
 /// do with it (admission, defaults), without creating it.
-fn create_dry_run(kc: &Path, ns: &str, doc: &Value, output: &str) -> std::process::Output {
+pub(crate) fn create_dry_run(
+    kc: &Path,
+    ns: &str,
+    doc: &Value,
+    output: &str,
+) -> std::process::Output {
     output_with_stdin(
         std::process::Command::new("kubectl")
             .arg("--kubeconfig")
@@ -138,7 +143,7 @@ fn create_dry_run(kc: &Path, ns: &str, doc: &Value, output: &str) -> std::proces
 
 /// The pod the API server would create of `doc`, failing on an error or a warning (Pod
 /// Security's included).
-fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
+pub(crate) fn dry_run(kc: &Path, ns: &str, doc: &Value) -> Value {
     let out = create_dry_run(kc, ns, doc, "json");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "kubectl create failed:\n{stderr}");
@@ -161,7 +166,7 @@ fn refused(kc: &Path, ns: &str, doc: &Value) -> String {
 }
 
 /// `trainlet inject -f - FLAGS` of `doc`, as JSON.
-fn injected(doc: &Value, flags: &[&str]) -> Value {
+pub(crate) fn injected(doc: &Value, flags: &[&str]) -> Value {
     // kubectl gives the object its kubeconfig's namespace; it goes into the test's.
     let mut doc = as_json(kubeconfig(), &inject_printed(doc, flags));
     doc["metadata"].as_object_mut().unwrap().remove("namespace");

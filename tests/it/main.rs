@@ -38,6 +38,7 @@ mod support;
 mod report_support;
 
 mod admission;
+mod admission_agree;
 mod architecture;
 mod bench_docs;
 mod control_plane;

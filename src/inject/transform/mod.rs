@@ -35,6 +35,11 @@ pub const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The kubelet's own choice for the automounted token: an hour, plus 7 s so that a
 /// client can tell it from a token requested for exactly an hour.
 const TOKEN_SECONDS: i64 = 3607;
+/// The name the API server's ServiceAccount admission gives the default token's volume
+/// (`kube-api-access-<suffix>`). A pod read back from the API server carries it, and
+/// with it the token in every container: inject and the admission policy take it out
+/// (trainlet's own containers mount [`TOKEN_VOLUME`]).
+pub const DEFAULT_TOKEN_PREFIX: &str = "kube-api-access-";
 /// Where the image puts the binary (docker/Dockerfile).
 pub const BINARY: &str = "/usr/local/bin/trainlet";
 /// The UID of distroless `nonroot`, which the image runs as.

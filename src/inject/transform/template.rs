@@ -12,8 +12,8 @@ use super::parts::{
 };
 use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
-    Ctx, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_PATH, SHM_VOLUME, SIDECAR, TOKEN_VOLUME,
-    TransformError, VOLUME, yaml,
+    Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_PATH, SHM_VOLUME,
+    SIDECAR, TOKEN_VOLUME, TransformError, VOLUME, yaml,
 };
 use crate::flags;
 
@@ -161,6 +161,22 @@ impl Ctx<'_> {
             None => volumes.retain(|v| name_of(v) != Some(OBSERVED_VOLUME)),
         }
         upsert_named(volumes, token_volume(), TOKEN_VOLUME, None);
+        let tokens: Vec<String> = volumes
+            .iter()
+            .filter_map(name_of)
+            .filter(|n| n.starts_with(DEFAULT_TOKEN_PREFIX))
+            .map(str::to_string)
+            .collect();
+        volumes.retain(|v| !name_of(v).is_some_and(|n| n.starts_with(DEFAULT_TOKEN_PREFIX)));
+        if !tokens.is_empty() {
+            self.note(
+                what.to_string(),
+                format!(
+                    "drops the default token's volume {} and its mounts (a pod read back from the API server): only trainlet's own containers get a token",
+                    tokens.join(", ")
+                ),
+            );
+        }
         match &cfg.shm_size {
             Some(size) => upsert_named(volumes, shm_volume(size), SHM_VOLUME, None),
             None => volumes.retain(|v| name_of(v) != Some(SHM_VOLUME)),
@@ -184,6 +200,7 @@ impl Ctx<'_> {
                     format!("volumeMounts of container {name:?} is not a list"),
                 )
             })?;
+            drop_default_token(mounts);
             upsert_named(mounts, mount(&cfg.output_dir, true), VOLUME, None);
             self.shm(mounts, what, &name);
             if cfg.wrap.as_deref() == Some(name.as_str()) {
@@ -207,6 +224,11 @@ impl Ctx<'_> {
             .seq_entry("initContainers")
             .ok_or_else(|| self.shape(what, "spec.initContainers is not a list"))?;
         inits.retain(|c| !matches!(name_of(c), Some(INIT_CONTAINER | SIDECAR)));
+        for c in inits.iter_mut() {
+            if let Some(Node::Seq(mounts)) = c.get_mut("volumeMounts") {
+                drop_default_token(mounts);
+            }
+        }
         inits.insert(0, init_container(cfg));
         if !cfg.classic_sidecar {
             inits.insert(1, sidecar(cfg));
@@ -373,6 +395,11 @@ impl Ctx<'_> {
         env.extend(exec_env(cfg));
         Ok(())
     }
+}
+
+/// Takes the default token's mounts out of a container's `volumeMounts`.
+fn drop_default_token(mounts: &mut Vec<Node>) {
+    mounts.retain(|m| !name_of(m).is_some_and(|n| n.starts_with(DEFAULT_TOKEN_PREFIX)));
 }
 
 /// Adds `key` (when absent) just before `before`, or at the end.

@@ -34,7 +34,7 @@ mod rule;
 mod settings;
 mod validate;
 
-use super::{EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME};
+use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME};
 use crate::flags;
 pub use cel::cel;
 use cel::{cel_string, raw};
@@ -130,9 +130,14 @@ fn unmount(path: &str) -> String {
         remove_where(
             "c.volumeMounts",
             &format!("{path} + \"/volumeMounts\""),
-            "x.name.startsWith('kube-api-access-')"
+            &token()
         )
     )
+}
+
+/// CEL: `x` is the default token's volume or mount.
+fn token() -> String {
+    format!("x.name.startsWith({})", cel_string(DEFAULT_TOKEN_PREFIX))
 }
 
 /// CEL: the env var `x` is the downward API's `path`, as inject writes it (the API
@@ -521,11 +526,7 @@ spec:
         init_args = args(&settings.init),
         command = command_variables(cfg),
         unmount_init = unmount("\"/spec/initContainers/\" + string(i)"),
-        remove_tokens = remove_where(
-            "object.spec.volumes",
-            "\"/spec/volumes\"",
-            "x.name.startsWith('kube-api-access-')"
-        ),
+        remove_tokens = remove_where("object.spec.volumes", "\"/spec/volumes\"", &token()),
         containers = containers_patch(cfg),
     )
 }

@@ -73,8 +73,10 @@ pub(super) fn checks(
             out.push((
                 format!("size({v}) <= {}", rule.max_len()),
                 format!(
-                    "{} + string(size({v})) + {}",
-                    text(format!("invalid annotation {PREFIX}{flag}: ")),
+                    "{} + {} + {} + string(size({v})) + {}",
+                    text(format!("invalid annotation {PREFIX}{flag} \"")),
+                    shown(&v),
+                    text("\": ".into()),
                     text(format!(" characters, at most {} allowed", rule.max_len()))
                 ),
             ));

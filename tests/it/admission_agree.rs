@@ -1,0 +1,802 @@
+//! The admission policy and `trainlet inject` are two implementations of one thing;
+//! these tests hold them to one verdict and one pod, on the real API server:
+//! - every setting, on a generated corpus of values (the ones a user got wrong,
+//!   boundaries, newlines, Unicode, oversized, and seeded fuzz around them), is
+//!   refused by the policy exactly when `trainlet inject` refuses it as a flag, and a
+//!   refusal names the annotation and its value;
+//! - a corpus of pod shapes (the default token's volumes read back from the API server
+//!   beside a PVC, projected volumes, init containers and native sidecars, a user's own
+//!   `trainlet exec`, an earlier inject's wrapper, env collisions, several containers,
+//!   hostNetwork, and the pods that Jobs, StatefulSets, ReplicaSets and JobSets make)
+//!   comes out of the policy as the pod that inject's output makes, field for field.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::admission::{container, dry_run, injected, install, labelled, restricted_spec};
+use crate::support::*;
+
+/// The settings every value is tried with: one job, a wrapped container, a stall watch
+/// (so that the exec settings apply); the tried setting replaces its own.
+const BASE: [(&str, &str); 3] = [
+    ("job", "worker=app=trainer"),
+    ("wrap", "main"),
+    ("stall-after", "10m"),
+];
+
+/// Values a person writes for each setting: right, nearly right, and the ones the
+/// hardening pass found admitted and then refused by trainlet.
+fn seeds(flag: &str) -> Vec<String> {
+    let port = [
+        "0", "1", "8470", "65535", "65536", "99999", "+80", "080", " 80", "8o", "1e3",
+    ];
+    let duration = [
+        "0",
+        "0s",
+        "500ms",
+        "1s",
+        "10m",
+        "1h30m",
+        "1h 30m",
+        "1h  30m",
+        "365d",
+        "366d",
+        "1.5h",
+        "1min",
+        "-1s",
+        "10",
+        "10m ",
+        "1d 2h 3m 4s",
+        "1d 2h 3m 4s 5ms",
+    ];
+    let choice = |words: &[&str]| -> Vec<String> {
+        words
+            .iter()
+            .flat_map(|w| {
+                [
+                    w.to_string(),
+                    w.to_uppercase(),
+                    format!("{w} "),
+                    format!("{w}x"),
+                ]
+            })
+            .collect()
+    };
+    let v: Vec<String> = match flag {
+        "job" => [
+            "worker=app=trainer",
+            "worker=app=x;--kubeconfig=/x",
+            "worker",
+            "worker=",
+            "worker=app=x;",
+            "chief=app=trainer,role=chief; worker=app=trainer,role=worker",
+            "w=job-name in (ps),tier!=canary",
+            "w=a in (x,,y)",
+            "w=a in ()",
+            "w=!a",
+            "w=a!=b",
+            "w = example.com/a == b",
+            "1w=a",
+            "w-a=app=x;w_a=app=y",
+            "ab=app=x;AB=app=y",
+            "worker=app=x;worker=app=y",
+            "w=a=b=c",
+            "w=a<3",
+            "w=ключ=x",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([
+            (0..16)
+                .map(|i| format!("t{i}=app=x"))
+                .collect::<Vec<_>>()
+                .join(";"),
+            (0..17)
+                .map(|i| format!("t{i}=app=x"))
+                .collect::<Vec<_>>()
+                .join(";"),
+            format!("w={}/a=b", "a".repeat(253)),
+            format!("w={}/a=b", "a".repeat(254)),
+            format!("w=app={}", "x".repeat(63)),
+            format!("w=app={}", "x".repeat(64)),
+        ])
+        .collect(),
+        "expect" => [
+            "worker=2",
+            "worker=0",
+            "worker=two",
+            "ps=1",
+            "worker=1,worker=2",
+            "worker=1,",
+            "worker = 1",
+            "worker=99999999999",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "port" | "master-port" | "coordinator-port" => port.map(String::from).to_vec(),
+        "port-name" => [
+            "tf",
+            "a-b",
+            "-a",
+            "a-",
+            "abcdefghijklmno",
+            "abcdefghijklmnop",
+            "TF",
+            "a_b",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "address" => choice(&["pod-ip", "host-ip", "dns"]),
+        "cluster-domain" => vec![
+            "cluster.local".into(),
+            "cluster.local.".into(),
+            "Cluster.local".into(),
+            "a".into(),
+            "-a".into(),
+            "a".repeat(253),
+        ],
+        "order" => choice(&["index", "name"]),
+        "ready" => choice(&["running", "ready"]),
+        "rpc-layer" => ["grpc", "grpc+verbs", "grpc://", "GRPC"]
+            .map(String::from)
+            .to_vec(),
+        "environment" => vec![
+            "cloud".into(),
+            "google".into(),
+            "a b".into(),
+            "e".repeat(64),
+            "e".repeat(65),
+        ],
+        "timeout" | "restart-grace" | "stall-after" => duration.map(String::from).to_vec(),
+        "coordinate" => choice(&["auto", "always", "never"]),
+        "coordinate-from" => ["0", "1", "2", "384", "+5", "999999999", "1000000000"]
+            .map(String::from)
+            .to_vec(),
+        "framework" => [
+            "tensorflow",
+            "pytorch,jax",
+            "pytorch, jax",
+            "torch",
+            "PYTORCH",
+            "mpi,mpi",
+            "pytorch,",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "nproc-per-node" => ["auto", "gpu", "cpu", "0", "1", "8", "-1", "Auto"]
+            .map(String::from)
+            .to_vec(),
+        "slots" => ["gpu", "0", "1", "auto"].map(String::from).to_vec(),
+        "nnodes" => ["2:4", "5:2", "0:2", "4", "2:", "3:3"]
+            .map(String::from)
+            .to_vec(),
+        "on-peer-change" | "on-stall" => choice(&["report", "restart", "exit"]),
+        "max-restarts" => ["0", "3", "-1", "+3", "03", "1000000000"]
+            .map(String::from)
+            .to_vec(),
+        "progress-pattern" => [
+            r"step (\d+)",
+            "step (",
+            "[a",
+            r"\p{L}",
+            "(?=a)",
+            "a{2,1}",
+            "[z-a]",
+            "loss=[0-9.]+",
+            "((a))",
+            "(((a)))",
+            r"\bstep\b",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "wrap" => ["main", "nope", "Main"].map(String::from).to_vec(),
+        other => panic!("no seeds for {other}"),
+    };
+    v
+}
+
+/// The seeds, each also with a newline, Unicode and past its size bound, and seeded
+/// fuzz: characters inserted, removed and swapped, and short random strings.
+fn corpus(flag: &str, rng: &mut StdRng) -> Vec<String> {
+    const ALPHABET: &[char] = &[
+        'a', 'b', 'W', 'Z', '0', '1', '9', '=', ',', ';', ':', '(', ')', '!', '-', '_', '.', '/',
+        ' ', '\t', '+', '*', '?', '[', ']', '{', '}', '\\', 'é', '\n', 'm', 's', 'h', 'd',
+    ];
+    let seeds = seeds(flag);
+    let mut out = seeds.clone();
+    for s in &seeds {
+        out.push(format!("{s}\n"));
+        out.push(format!("{s}é"));
+    }
+    let max = if flag == "job" { 4096 } else { 256 };
+    out.push(format!(
+        "{}{}",
+        seeds[0],
+        "1".repeat(max + 1 - seeds[0].chars().count())
+    ));
+    out.push("x\n".repeat(40));
+    let pick = |rng: &mut StdRng| ALPHABET[rng.random_range(0..ALPHABET.len())];
+    for _ in 0..12 {
+        let mut chars: Vec<char> = seeds[rng.random_range(0..seeds.len())].chars().collect();
+        let at = rng.random_range(0..=chars.len());
+        match rng.random_range(0..3) {
+            0 => chars.insert(at, pick(rng)),
+            1 if at < chars.len() => {
+                chars.remove(at);
+            }
+            _ if !chars.is_empty() => {
+                let at = at.min(chars.len() - 1);
+                chars[at] = pick(rng);
+            }
+            _ => chars.push(pick(rng)),
+        }
+        out.push(chars.into_iter().collect());
+    }
+    for _ in 0..6 {
+        let len = rng.random_range(1..12);
+        out.push((0..len).map(|_| pick(rng)).collect());
+    }
+    out.retain(|v| !v.is_empty() && !v.contains('\0'));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// How the policy shows a value in a message: 64 characters, line breaks as `\n`.
+fn shown(v: &str) -> String {
+    let cut: String = v.chars().take(64).collect();
+    let cut = if v.chars().count() > 64 {
+        cut + "…"
+    } else {
+        cut
+    };
+    cut.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+/// The plain pod, and its settings as annotations and as inject's flags.
+fn case(flag: &str, value: &str) -> (Value, Vec<String>) {
+    let mut settings: BTreeMap<&str, &str> = BASE.into_iter().collect();
+    settings.insert(flag, value);
+    let annotations: serde_json::Map<String, Value> = settings
+        .iter()
+        .map(|(f, v)| (format!("trainlet.io/{f}"), json!(v)))
+        .collect();
+    let flags = settings.iter().map(|(f, v)| format!("--{f}={v}")).collect();
+    let pod = labelled(
+        "v",
+        Value::Object(annotations),
+        json!([container("main", json!(["python", "train.py"]))]),
+    );
+    (pod, flags)
+}
+
+/// `trainlet inject`'s verdict on the plain pod with these flags (from a file: a flag
+/// refused by clap ends inject before it reads its input).
+fn inject_accepts(pod: &Value, flags: &[String]) -> bool {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), pod.to_string()).unwrap();
+    let out = trainlet()
+        .args(["inject", "-f"])
+        .arg(file.path())
+        .args(flags)
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(0) => true,
+        Some(2) => false,
+        other => panic!(
+            "inject {flags:?} exited {other:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// Every setting's generated values get one verdict from the policy and from inject;
+/// a refusal by the policy names the annotation and the value.
+#[tokio::test]
+async fn the_policy_refuses_exactly_the_values_inject_refuses() {
+    let kc = kubeconfig();
+    let client = admin().await;
+    let ns = restricted_namespace(kc, &client, "admission-agree").await;
+    install(kc, &ns).await;
+    let api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let flags = [
+        "job",
+        "expect",
+        "port",
+        "port-name",
+        "address",
+        "cluster-domain",
+        "order",
+        "ready",
+        "rpc-layer",
+        "environment",
+        "timeout",
+        "coordinate",
+        "coordinate-from",
+        "framework",
+        "nproc-per-node",
+        "slots",
+        "master-port",
+        "coordinator-port",
+        "nnodes",
+        "on-peer-change",
+        "max-restarts",
+        "restart-grace",
+        "stall-after",
+        "on-stall",
+        "progress-pattern",
+        "wrap",
+    ];
+    let mut rng = StdRng::seed_from_u64(0x7472_6169_6e6c_6574);
+    let (mut tried, mut refused, mut disagree) = (0, 0, Vec::new());
+    for flag in flags {
+        for value in corpus(flag, &mut rng) {
+            let (pod, args) = case(flag, &value);
+            let by_inject = inject_accepts(&pod, &args);
+            let typed: Pod = serde_json::from_value(pod).unwrap();
+            let by_policy = match api.create(&dry, &typed).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) => Err(s.message),
+                Err(e) => panic!("{flag}={value:?}: {e}"),
+            };
+            tried += 1;
+            if let Err(message) = &by_policy {
+                refused += 1;
+                let named = format!("trainlet.io/{flag} \"{}\"", shown(&value));
+                assert!(
+                    message.contains(&named),
+                    "{flag}={value:?}: the refusal does not name {named}: {message}"
+                );
+            }
+            if by_policy.is_ok() != by_inject {
+                disagree.push(format!(
+                    "{flag}={value:?}: policy {by_policy:?}, inject {}",
+                    if by_inject { "accepts" } else { "refuses" }
+                ));
+            }
+        }
+    }
+    assert!(
+        disagree.is_empty(),
+        "{} of {tried}:\n{}",
+        disagree.len(),
+        disagree.join("\n")
+    );
+    // The corpus tries both sides of every rule.
+    assert!(
+        refused > tried / 4 && refused < tried * 9 / 10,
+        "{refused} of {tried} refused"
+    );
+    delete_namespace(&client, &ns).await;
+}
+
+/// Where two JSON values first differ, for a message.
+fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            difference(
+                &format!("{path}.{k}"),
+                &x.get(k).cloned().unwrap_or(Value::Null),
+                &y.get(k).cloned().unwrap_or(Value::Null),
+            )
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (p, q))| difference(&format!("{path}[{i}]"), p, q)),
+        _ if a == b => None,
+        _ => Some(format!("{path}: {a} against {b}")),
+    }
+}
+
+/// A Pod with the label, these annotations, and `spec`.
+fn pod(name: &str, labels: Value, annotations: Value, spec: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": spec
+    })
+}
+
+/// One shape: its name, the settings as annotations and as inject's flags, and the
+/// plain pod.
+struct Shape {
+    name: &'static str,
+    settings: Vec<(&'static str, &'static str)>,
+    pod: Value,
+}
+
+fn restricted(mut c: Value) -> Value {
+    c["securityContext"] =
+        json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+    c
+}
+
+fn shapes() -> Vec<Shape> {
+    let wrapped = vec![("job", "worker=app=trainer"), ("wrap", "main")];
+    let main = container("main", json!(["python", "train.py"]));
+    let with = |mut c: Value, key: &str, v: Value| {
+        c[key] = v;
+        c
+    };
+    let token_volume = |n: &str| json!({"name": n, "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}});
+    let spec = |containers: Value, inits: Value, volumes: Value| {
+        restricted_spec(containers, inits, volumes)
+    };
+    let labels = json!({"app": "trainer"});
+    vec![
+        Shape {
+            name: "tokens-and-pvc",
+            settings: wrapped.clone(),
+            pod: pod("tokens-and-pvc", labels.clone(), json!({}), {
+                let mut s = spec(
+                    json!([with(
+                        main.clone(),
+                        "volumeMounts",
+                        json!([
+                            {"name": "kube-api-access-a", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true},
+                            {"name": "kube-api-access-b", "mountPath": "/b", "readOnly": true},
+                            {"name": "data", "mountPath": "/data"}
+                        ])
+                    )]),
+                    json!([]),
+                    json!([token_volume("kube-api-access-a"), token_volume("kube-api-access-b"),
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
+                );
+                s["automountServiceAccountToken"] = json!(false);
+                s
+            }),
+        },
+        Shape {
+            name: "projected-and-inits",
+            settings: wrapped.clone(),
+            pod: pod(
+                "projected-and-inits",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([with(
+                        main.clone(),
+                        "volumeMounts",
+                        json!([{"name": "s3", "mountPath": "/var/run/s3", "readOnly": true}])
+                    )]),
+                    json!([
+                        container("fetch", json!(["sh", "-c", "true"])),
+                        with(
+                            container("proxy", json!(["sh", "-c", "sleep 1d"])),
+                            "restartPolicy",
+                            json!("Always")
+                        ),
+                    ]),
+                    json!([{"name": "s3", "projected": {"sources": [{"serviceAccountToken": {"audience": "s3", "path": "token"}}]}}]),
+                ),
+            ),
+        },
+        Shape {
+            name: "own-exec",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "main"),
+                ("stall-after", "10m"),
+                ("on-stall", "restart"),
+            ],
+            pod: pod(
+                "own-exec",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([container(
+                        "main",
+                        json!([
+                            "trainlet",
+                            "exec",
+                            "--stall-after=5m",
+                            "--",
+                            "python",
+                            "train.py"
+                        ])
+                    )]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+        Shape {
+            name: "earlier-wrapper",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "main"),
+                ("max-restarts", "7"),
+            ],
+            pod: pod(
+                "earlier-wrapper",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([container(
+                        "main",
+                        json!([
+                            "/etc/trainlet/bin/trainlet",
+                            "exec",
+                            "--report",
+                            "--max-restarts=5",
+                            "--",
+                            "python",
+                            "train.py"
+                        ])
+                    )]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+        Shape {
+            name: "env-collisions",
+            settings: wrapped.clone(),
+            pod: pod(
+                "env-collisions",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([with(
+                        main.clone(),
+                        "env",
+                        json!([
+                            {"name": "POD_NAME", "value": "literal"},
+                            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                            {"name": "TRAINLET_METRICS_ADDR", "value": "0.0.0.0:9000"},
+                            {"name": "TRAINLET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "EPOCHS", "value": "3"}
+                        ])
+                    )]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+        Shape {
+            name: "several-containers",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "train"),
+                ("framework", "pytorch"),
+            ],
+            pod: pod(
+                "several-containers",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([
+                        container("logger", json!(["sh", "-c", "tail -F /log"])),
+                        container("train", json!(["torchrun", "train.py"])),
+                        with(
+                            container("metrics", json!(["exporter"])),
+                            "ports",
+                            json!([{"name": "m", "containerPort": 9100}])
+                        ),
+                    ]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+        Shape {
+            name: "host-network",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "main"),
+                ("address", "host-ip"),
+            ],
+            pod: pod("host-network", labels.clone(), json!({}), {
+                let mut s = spec(json!([main.clone()]), json!([]), json!([]));
+                s["hostNetwork"] = json!(true);
+                s
+            }),
+        },
+    ]
+}
+
+/// The pods that controllers make of a template, as they make them: their labels and
+/// annotations, the hostname, and (the Job controller) JOB_COMPLETION_INDEX in every
+/// container.
+fn controller_pods() -> Vec<(&'static str, Value, Value)> {
+    let template = json!({
+        "metadata": {"labels": {"app": "trainer"}},
+        "spec": restricted_spec(
+            json!([restricted(json!({"name": "main", "image": "trainer:1", "command": ["python", "train.py"]}))]),
+            json!([]),
+            json!([]),
+        )
+    });
+    let job_spec = json!({"completionMode": "Indexed", "completions": 2, "parallelism": 2, "template": template});
+    vec![
+        (
+            "job",
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"}, "spec": job_spec}),
+            json!({"labels": {"batch.kubernetes.io/job-name": "train", "job-name": "train", "batch.kubernetes.io/job-completion-index": "1"},
+                   "annotations": {"batch.kubernetes.io/job-completion-index": "1"}, "hostname": "train-1", "index_env": true}),
+        ),
+        (
+            "statefulset",
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "train"},
+                   "spec": {"serviceName": "train", "replicas": 2, "selector": {"matchLabels": {"app": "trainer"}}, "template": template}}),
+            json!({"labels": {"apps.kubernetes.io/pod-index": "1", "statefulset.kubernetes.io/pod-name": "train-1"},
+                   "annotations": {}, "hostname": "train-1", "subdomain": "train", "index_env": false}),
+        ),
+        (
+            "replicaset",
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "train"},
+                   "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "trainer"}}, "template": template}}),
+            json!({"labels": {}, "annotations": {}, "index_env": false}),
+        ),
+        (
+            "jobset",
+            json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train"},
+                   "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": job_spec}}]}}),
+            json!({"labels": {"jobset.sigs.k8s.io/jobset-name": "train", "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                              "batch.kubernetes.io/job-completion-index": "1"},
+                   "annotations": {"batch.kubernetes.io/job-completion-index": "1", "jobset.sigs.k8s.io/jobset-name": "train"},
+                   "hostname": "train-workers-0-1", "subdomain": "train", "index_env": true}),
+        ),
+    ]
+}
+
+/// The pod a controller makes of `template` (its metadata and spec), with `made`'s
+/// additions.
+fn made_pod(name: &str, template: &Value, made: &Value) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"].clone(), "spec": template["spec"].clone()});
+    p["metadata"]["name"] = json!(name);
+    for key in ["labels", "annotations"] {
+        for (k, v) in made[key].as_object().unwrap() {
+            p["metadata"][key][k] = v.clone();
+        }
+    }
+    for key in ["hostname", "subdomain"] {
+        if let Some(v) = made.get(key) {
+            p["spec"][key] = v.clone();
+        }
+    }
+    if made["index_env"] == json!(true) {
+        let index = json!({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}});
+        for list in ["initContainers", "containers"] {
+            for c in p["spec"][list].as_array_mut().into_iter().flatten() {
+                match c["env"].as_array_mut() {
+                    Some(env) => env.push(index.clone()),
+                    None => c["env"] = json!([index.clone()]),
+                }
+            }
+        }
+    }
+    p
+}
+
+/// The template inside a manifest that inject printed.
+fn template_of(doc: &Value) -> Value {
+    match doc["kind"].as_str() {
+        Some("JobSet") => doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"].clone(),
+        _ => doc["spec"]["template"].clone(),
+    }
+}
+
+/// A pod's spec with JOB_COMPLETION_INDEX last in every env, and none in trainlet's own
+/// containers: the Job controller adds it to a template's containers after inject (to
+/// trainlet's too, which read no such variable), and to a pod's before the policy adds
+/// trainlet's.
+fn index_last(mut spec: Value) -> Value {
+    for list in ["initContainers", "containers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            let own = c["name"] == "trainlet-init" || c["name"] == "trainlet";
+            if let Some(env) = c["env"].as_array_mut() {
+                if own {
+                    env.retain(|e| e["name"] != "JOB_COMPLETION_INDEX");
+                }
+                let (index, mut rest): (Vec<Value>, Vec<Value>) = env
+                    .drain(..)
+                    .partition(|e| e["name"] == "JOB_COMPLETION_INDEX");
+                rest.extend(index);
+                *env = rest;
+            }
+        }
+    }
+    spec
+}
+
+/// Each pod shape comes out of the policy as the pod that `trainlet inject`'s output
+/// makes for the same settings: spec, and annotations besides the settings.
+#[tokio::test]
+async fn the_policy_makes_inject_s_pod_of_every_shape() {
+    let kc = kubeconfig();
+    let client = admin().await;
+    let ns = restricted_namespace(kc, &client, "admission-shapes").await;
+    // hostNetwork is no pod of a restricted namespace.
+    let open = namespace(&client, "admission-shapes-host").await;
+    kubectl_clean(
+        kc,
+        &[
+            "apply",
+            "-k",
+            repo().join("manifests").to_str().unwrap(),
+            "-n",
+            &open,
+        ],
+    );
+    install(kc, &ns).await;
+    for s in shapes() {
+        let ns = if s.name == "host-network" { &open } else { &ns };
+        let flags: Vec<String> = s
+            .settings
+            .iter()
+            .map(|(f, v)| format!("--{f}={v}"))
+            .collect();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut opted = s.pod.clone();
+        opted["metadata"]["labels"]["trainlet.io/inject"] = json!("true");
+        for (f, v) in &s.settings {
+            opted["metadata"]["annotations"][format!("trainlet.io/{f}")] = json!(v);
+        }
+        let by_policy = dry_run(kc, ns, &opted);
+        let by_inject = dry_run(kc, ns, &injected(&s.pod, &flags));
+        assert_eq!(
+            by_policy["spec"], by_inject["spec"],
+            "{}: the policy's pod and inject's differ",
+            s.name
+        );
+        let mut want = by_inject["metadata"]["annotations"].clone();
+        for (f, v) in &s.settings {
+            want[format!("trainlet.io/{f}")] = json!(v);
+        }
+        assert_eq!(by_policy["metadata"]["annotations"], want, "{}", s.name);
+        assert!(
+            !by_policy.to_string().contains("kube-api-access-"),
+            "{}: {by_policy}",
+            s.name
+        );
+    }
+    // kubectl reads inject's JobSet through its CRD.
+    jobset_crd();
+    let settings = [
+        ("job", "worker=app=trainer"),
+        ("wrap", "main"),
+        ("framework", "pytorch"),
+    ];
+    let flags: Vec<String> = settings.iter().map(|(f, v)| format!("--{f}={v}")).collect();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    for (kind, manifest, made) in controller_pods() {
+        let name = format!("{kind}-1");
+        let mut opted = made_pod(&name, &template_of(&manifest), &made);
+        opted["metadata"]["labels"]["trainlet.io/inject"] = json!("true");
+        for (f, v) in settings {
+            opted["metadata"]["annotations"][format!("trainlet.io/{f}")] = json!(v);
+        }
+        let printed = injected(&manifest, &flags);
+        let from_inject = made_pod(&name, &template_of(&printed), &made);
+        let by_policy = dry_run(kc, &ns, &opted);
+        let by_inject = dry_run(kc, &ns, &from_inject);
+        assert_eq!(
+            difference(
+                "spec",
+                &index_last(by_policy["spec"].clone()),
+                &index_last(by_inject["spec"].clone())
+            ),
+            None,
+            "{kind}: the policy's pod and inject's differ"
+        );
+    }
+    delete_namespace(&client, &ns).await;
+    delete_namespace(&client, &open).await;
+}
