@@ -320,6 +320,18 @@ async fn the_policy_makes_the_pod_inject_makes_for_the_same_settings() {
         dry_run(kc, &ns, &once)["spec"],
         dry_run(kc, &ns, &unlabelled)["spec"]
     );
+    // So is inject's output with the label but none of the settings' annotations (the
+    // docs say labelling an injected pod changes nothing; it was refused for want of
+    // trainlet.io/job).
+    let mut bare = once.clone();
+    bare["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .insert("annotations".into(), json!({}));
+    assert_eq!(
+        dry_run(kc, &ns, &bare)["spec"],
+        dry_run(kc, &ns, &unlabelled)["spec"]
+    );
     delete_namespace(&client, &ns).await;
 }
 
@@ -375,6 +387,42 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
             format!("{denied}{why}"),
             "{annotations}"
         );
+    }
+    // The label misspelt: told, not ignored; "false" opts out.
+    let settings = json!({"trainlet.io/job": job});
+    for label in ["True", "TRUE", "yes", "1"] {
+        let mut doc = labelled("bad", settings.clone(), main.clone());
+        doc["metadata"]["labels"]["trainlet.io/inject"] = json!(label);
+        assert_eq!(
+            refused(kc, &ns, &doc),
+            format!(
+                "{denied}invalid label trainlet.io/inject \"{label}\": give \"true\" to add trainlet, or \"false\" (or no label) for none"
+            )
+        );
+    }
+    let mut out = labelled("bad", json!({}), main.clone());
+    out["metadata"]["labels"]["trainlet.io/inject"] = json!("false");
+    assert_eq!(
+        dry_run(kc, &ns, &out)["spec"]["initContainers"],
+        Value::Null
+    );
+    // The names inject adds, taken by the pod's own: inject's words, not the API
+    // server's `Duplicate value`.
+    let mut own_init = labelled("bad", settings.clone(), main.clone());
+    own_init["spec"]["initContainers"] = json!([container("trainlet-init", json!(["sh"]))]);
+    let mut own_volume = labelled("bad", settings.clone(), main.clone());
+    own_volume["spec"]["volumes"] = json!([{"name": "trainlet", "emptyDir": {}}]);
+    for (doc, why) in [
+        (
+            own_init,
+            "initContainers has a container \"trainlet-init\" that trainlet inject did not add; inject adds its own under that name: rename yours",
+        ),
+        (
+            own_volume,
+            "has a volume \"trainlet\" that trainlet inject did not add; inject adds its own under that name: rename yours (and the volumeMounts that use it)",
+        ),
+    ] {
+        assert_eq!(refused(kc, &ns, &doc), format!("{denied}{why}"));
     }
     delete_namespace(&client, &ns).await;
 }
