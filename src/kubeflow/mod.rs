@@ -16,6 +16,7 @@
 //! ([`connections`]).
 
 pub mod bounds;
+pub mod connections;
 pub mod request;
 pub mod server;
 pub mod tls;
