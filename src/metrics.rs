@@ -161,13 +161,10 @@ impl ProgressMetrics {
             (&self.reported_percent, percent.map(i64::from)),
             (&self.reported_eta, eta_seconds.map(i64::from)),
         ] {
-            match value {
-                Some(v) => {
-                    family.get_or_create(&label).set(v);
-                }
-                None => {
-                    family.remove(&label);
-                }
+            if let Some(v) = value {
+                family.get_or_create(&label).set(v);
+            } else {
+                family.remove(&label);
             }
         }
         let Ok(mut names) = self.reported_names.lock() else {
@@ -185,12 +182,10 @@ impl ProgressMetrics {
                 container: container.to_string(),
                 name: name.to_string(),
             };
-            if !names.contains(&label) {
-                if names.len() >= MAX_REPORTED_NAMES {
-                    continue;
-                }
-                names.insert(label.clone());
+            if !names.contains(&label) && names.len() >= MAX_REPORTED_NAMES {
+                continue;
             }
+            names.insert(label.clone());
             self.reported_metric.get_or_create(&label).set(*value);
         }
     }
