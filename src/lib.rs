@@ -88,6 +88,8 @@ pub mod stream;
 pub mod supervise;
 /// The container's termination message (`/dev/termination-log`).
 pub mod termination;
+/// Text people read: the characters that hide or reorder it.
+pub mod text;
 /// Wall-clock times as RFC 3339 text and epoch milliseconds, total: never a panic.
 pub mod time;
 /// Waking on a file's change (inotify).

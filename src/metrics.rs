@@ -142,18 +142,52 @@ pub struct ProgressMetrics {
 pub const MAX_REPORTED_NAMES: usize = 64;
 
 impl ProgressMetrics {
-    /// Sets a reported metric's series, unless it would be one too many.
-    pub fn set_reported_metric(&self, label: MetricLabel, value: f64) {
+    /// `container`'s last report, as series: its percentage, time remaining and
+    /// numeric metrics (`(name, value)`). A report replaces the one before entirely,
+    /// as in Trainer: a series it omits is removed, or a time remaining or a loss
+    /// that CMD no longer reports would be read as current. A new name past
+    /// [`MAX_REPORTED_NAMES`] series gets none.
+    pub fn set_reported(
+        &self,
+        container: &str,
+        percent: Option<u8>,
+        eta_seconds: Option<u32>,
+        metrics: &[(&str, f64)],
+    ) {
+        let label = ContainerLabel {
+            container: container.to_string(),
+        };
+        for (family, value) in [
+            (&self.reported_percent, percent.map(i64::from)),
+            (&self.reported_eta, eta_seconds.map(i64::from)),
+        ] {
+            if let Some(v) = value {
+                family.get_or_create(&label).set(v);
+            } else {
+                family.remove(&label);
+            }
+        }
         let Ok(mut names) = self.reported_names.lock() else {
             return;
         };
-        if !names.contains(&label) {
-            if names.len() >= MAX_REPORTED_NAMES {
-                return;
+        names.retain(|l| {
+            let kept = l.container != container || metrics.iter().any(|(n, _)| *n == l.name);
+            if !kept {
+                self.reported_metric.remove(l);
+            }
+            kept
+        });
+        for (name, value) in metrics {
+            let label = MetricLabel {
+                container: container.to_string(),
+                name: name.to_string(),
+            };
+            if !names.contains(&label) && names.len() >= MAX_REPORTED_NAMES {
+                continue;
             }
             names.insert(label.clone());
+            self.reported_metric.get_or_create(&label).set(*value);
         }
-        self.reported_metric.get_or_create(&label).set(value);
     }
 }
 
@@ -558,6 +592,48 @@ mod tests {
         drop(held);
         let (l, taken) = bind_or_any_port(addr).unwrap();
         assert_eq!((l.local_addr().unwrap(), taken.is_none()), (addr, true));
+    }
+
+    /// Each report replaces the last: what the new one omits has no series any more,
+    /// and another container's series are its own.
+    #[test]
+    fn a_report_replaces_the_series_of_the_one_before() {
+        let m = Metrics::new();
+        let p = &m.progress;
+        // Sorted: a family's series come in no fixed order.
+        let series = |m: &Metrics| -> Vec<String> {
+            let mut s: Vec<String> = m
+                .encode()
+                .lines()
+                .filter(|l| l.starts_with("trainlet_reported_"))
+                .map(String::from)
+                .collect();
+            s.sort();
+            s
+        };
+        p.set_reported("other", Some(5), None, &[("loss", 2.0)]);
+        p.set_reported(
+            "trainer",
+            Some(40),
+            Some(u32::MAX),
+            &[("loss", 0.25), ("acc", 0.5)],
+        );
+        p.set_reported("trainer", Some(50), None, &[("acc", 0.75)]);
+        assert_eq!(
+            series(&m),
+            [
+                "trainlet_reported_metric{container=\"other\",name=\"loss\"} 2.0",
+                "trainlet_reported_metric{container=\"trainer\",name=\"acc\"} 0.75",
+                "trainlet_reported_progress_percent{container=\"other\"} 5",
+                "trainlet_reported_progress_percent{container=\"trainer\"} 50",
+            ]
+        );
+        p.set_reported("trainer", None, None, &[]);
+        p.set_reported("other", None, Some(7), &[]);
+        assert_eq!(
+            series(&m),
+            ["trainlet_reported_remaining_seconds{container=\"other\"} 7"]
+        );
     }
 
     #[test]

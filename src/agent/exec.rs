@@ -12,7 +12,6 @@ use tracing::{info, warn};
 use super::peers_file::Incoming;
 use super::{Config, Engine, Mode, ReportError, peers_file};
 use crate::cluster::drift::ClusterStatus;
-use crate::handover::observation::is_invisible;
 use crate::peers::drift::{self as peer_watch, PeerWatch};
 use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
@@ -25,18 +24,15 @@ use crate::supervise::lifecycle::{self, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
 use crate::{Code, Failure, flags, kubeflow};
 
-/// A report through the Kubeflow endpoint, as the progress watch keeps it: without
-/// the metrics whose name or value holds a control or invisible character, which no
-/// annotation, Event or handover to the sidecar takes.
+/// A report through the Kubeflow endpoint, as the progress watch keeps it (the
+/// endpoint took it within `kubeflow::bounds`, which the sidecar checks again).
 fn reported(s: kubeflow::request::TrainerStatus) -> Reported {
-    let clean = |t: &str| !t.chars().any(|c| c.is_control() || is_invisible(c));
     Reported {
         percent: s.percent,
         eta_seconds: s.eta_seconds,
         metrics: s
             .metrics
             .into_iter()
-            .filter(|(name, value)| clean(name) && clean(value))
             .map(|(name, value)| Metric { name, value })
             .collect(),
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::Engine;
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
-use crate::metrics::{ContainerLabel, MetricLabel};
+use crate::metrics::ContainerLabel;
 use crate::stall::peers::annotation;
 use crate::stall::progress::{Progress, Reported};
 use crate::stall::watching::Watching;
@@ -52,34 +52,26 @@ impl Engine {
                 .get_or_create(&label)
                 .set(step);
         }
-        if let Some(r) = &p.reported {
-            self.set_reported_metrics(&label, r);
-        }
+        self.set_reported_metrics(&label, p.reported.as_ref());
     }
 
-    /// A report through the Kubeflow endpoint: its percentage, ETA and numeric
-    /// metrics (a value that is no number has no series).
-    fn set_reported_metrics(&self, label: &ContainerLabel, r: &Reported) {
-        let m = &self.metrics.progress;
-        if let Some(p) = r.percent {
-            m.reported_percent.get_or_create(label).set(i64::from(p));
-        }
-        if let Some(e) = r.eta_seconds {
-            m.reported_eta.get_or_create(label).set(i64::from(e));
-        }
-        for metric in &r.metrics {
-            if let Ok(v) = metric.value.trim().parse::<f64>()
-                && v.is_finite()
-            {
-                m.set_reported_metric(
-                    MetricLabel {
-                        container: label.container.clone(),
-                        name: metric.name.clone(),
-                    },
-                    v,
-                );
-            }
-        }
+    /// The last report through the Kubeflow endpoint: its percentage, ETA and numeric
+    /// metrics (a value that is no number has no series), in place of the report
+    /// before; none before the first (a restarted exec's sidecar keeps no old ones).
+    fn set_reported_metrics(&self, label: &ContainerLabel, r: Option<&Reported>) {
+        let none = Reported::default();
+        let r = r.unwrap_or(&none);
+        let numbers: Vec<(&str, f64)> = r
+            .metrics
+            .iter()
+            .filter_map(|m| {
+                let v = m.value.trim().parse::<f64>().ok()?;
+                v.is_finite().then_some((m.name.as_str(), v))
+            })
+            .collect();
+        self.metrics
+            .progress
+            .set_reported(&label.container, r.percent, r.eta_seconds, &numbers);
     }
 
     /// `trainlet.io/progress` as of now, for the annotations: exec's own progress

@@ -10,9 +10,13 @@
 //! the same endpoint on loopback and sets the variables for CMD: a report is then
 //! progress for the stall watch, and trainlet publishes what it says.
 //!
-//! [`request`] is the endpoint's answers (pure); [`tls`] makes its certificate and the
-//! files CMD reads; [`server`] serves it.
+//! [`request`] is the endpoint's answers (pure), [`bounds`] what a report may say
+//! there and in exec's handover to the sidecar (pure); [`tls`] makes its certificate
+//! and the files CMD reads; [`server`] serves it, each connection on its own
+//! ([`connections`]).
 
+pub mod bounds;
+pub mod connections;
 pub mod request;
 pub mod server;
 pub mod tls;

@@ -1,17 +1,18 @@
 //! What the endpoint answers, as Trainer's status server does: the same checks in the
 //! same order (size, route, token, JSON, the CRD's validation), the same codes, and
-//! errors as a Kubernetes `Status`. One addition: a caller over the rate gets 429
-//! (Trainer queues instead, behind its API client's throttle). Pure: a request in, an
-//! answer and the accepted status out.
+//! errors as a Kubernetes `Status`. Two additions: a caller over the rate gets 429
+//! (Trainer queues instead, behind its API client's throttle), and trainlet's own
+//! bounds ([`bounds`]) refuse a time remaining past ten years and unprintable metrics.
+//! Pure: a request in, an answer and the accepted status out; [`admit`] (route and
+//! token) apart from [`decode`] (the body), so that the server spends the rate and
+//! reads a body only for a caller with the token.
 
 use serde::{Deserialize, Serialize};
 
+use super::bounds::{self, MAX_METRICS};
+
 /// The largest body, as Trainer's `maxBodySize`.
 pub const MAX_BODY: usize = 1 << 16;
-/// The most metrics in one report (the CRD's `maxItems`).
-pub const MAX_METRICS: usize = 256;
-/// The longest metric name or value, in characters (the CRD's `maxLength`).
-pub const MAX_TEXT: usize = 64;
 
 /// `/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status`.
 pub fn status_path(namespace: &str, name: &str) -> String {
@@ -55,13 +56,16 @@ pub struct TrainerStatus {
 
 impl TrainerStatus {
     /// The step the report gives: a metric `current_step` (Transformers' callback) or
-    /// `step`, when it is a number.
+    /// `step`, when it is a step: a count, so a whole number from 0 to 2^53
+    /// ([`crate::stall::progress::step`]); `12.5` stays a metric, and is no step.
     pub fn step(&self) -> Option<f64> {
         ["current_step", "step"].iter().find_map(|n| {
             self.metrics
                 .iter()
                 .find(|(name, _)| name == n)
                 .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+                .filter(|v| v.fract() == 0.0)
+                .and_then(crate::stall::progress::step)
         })
     }
 }
@@ -69,13 +73,32 @@ impl TrainerStatus {
 /// The answer to an `update`, and the report when it was accepted (`None` inside:
 /// an empty body `{}`, which Trainer accepts and changes nothing with).
 pub fn answer(e: &Endpoint, r: &Request) -> (Answer, Option<Option<TrainerStatus>>) {
-    if r.method != "POST" || r.path != e.path {
-        return (failure(404, "NotFound", "Not found"), None);
+    match admit(e, r.method, r.path, r.authorization) {
+        Ok(()) => decode(e, r.body),
+        Err(refused) => (refused, None),
     }
-    if !authorized(r.authorization, &e.token) {
-        return (failure(403, "Forbidden", "Forbidden"), None);
+}
+
+/// The route and the token, from the request's head alone: 404 or 403, as Trainer.
+pub fn admit(
+    e: &Endpoint,
+    method: &str,
+    path: &str,
+    authorization: Option<&[u8]>,
+) -> Result<(), Answer> {
+    if method != "POST" || path != e.path {
+        return Err(failure(404, "NotFound", "Not found"));
     }
-    let Ok(wire) = serde_json::from_slice::<Wire>(r.body) else {
+    if !authorized(authorization, &e.token) {
+        return Err(failure(403, "Forbidden", "Forbidden"));
+    }
+    Ok(())
+}
+
+/// The body of an admitted request: 422 for what is no report or out of bounds, else
+/// 200 and the report back.
+pub fn decode(e: &Endpoint, body: &[u8]) -> (Answer, Option<Option<TrainerStatus>>) {
+    let Ok(wire) = serde_json::from_slice::<Wire>(body) else {
         return (invalid_payload(), None);
     };
     let Some(s) = wire.trainer_status else {
@@ -166,62 +189,45 @@ struct WireMetric {
     value: Option<String>,
 }
 
-/// RFC 3339, any offset, to UTC seconds; `None` when it is no such time.
+/// RFC 3339, any offset, to UTC seconds; `None` when it is no such time. Up to
+/// `9999-12-31T23:59:59Z`, which Trainer's CRD takes (a civil time: jiff's `Timestamp`
+/// ends a day earlier, to leave room for any offset); a time whose UTC is past 9999
+/// is none.
 fn parse_time(text: &str) -> Option<String> {
-    let t: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    let secs = k8s_openapi::jiff::Timestamp::from_second(t.as_second()).ok()?;
-    Some(secs.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+    use k8s_openapi::jiff::{SignedDuration, fmt::temporal::Pieces};
+    let p = Pieces::parse(text).ok()?;
+    let (time, offset) = (p.time()?, p.to_numeric_offset()?);
+    let utc = p
+        .date()
+        .to_datetime(time)
+        .checked_sub(SignedDuration::from_secs(i64::from(offset.seconds())))
+        .ok()?;
+    (0..=9999)
+        .contains(&utc.year())
+        .then(|| utc.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
 }
 
-/// The CRD's rules, in its words.
+/// The CRD's rules, in its words, and trainlet's bounds ([`bounds::check`]); then
+/// the time the CRD requires.
 fn validate(s: &WireStatus, has_time: bool) -> Result<(), String> {
-    let field = |f: &str| format!("status.trainerStatus.{f}");
-    if let Some(p) = s.progress_percentage {
-        if p < 0 {
-            return Err(format!(
-                "{0}: Invalid value: {p}: {0} in body should be greater than or equal to 0",
-                field("progressPercentage")
-            ));
-        }
-        if p > 100 {
-            return Err(format!(
-                "{0}: Invalid value: {p}: {0} in body should be less than or equal to 100",
-                field("progressPercentage")
-            ));
-        }
-    }
-    if let Some(e) = s.estimated_remaining_seconds
-        && e < 0
-    {
-        return Err(format!(
-            "{0}: Invalid value: {e}: {0} in body should be greater than or equal to 0",
-            field("estimatedRemainingSeconds")
-        ));
-    }
-    let metrics = s.metrics.as_deref().unwrap_or_default();
-    if metrics.len() > MAX_METRICS {
-        return Err(format!(
-            "{}: Too many: {}: must have at most {MAX_METRICS} items",
-            field("metrics"),
-            metrics.len()
-        ));
-    }
-    for (i, m) in metrics.iter().enumerate() {
-        for (key, text) in [("name", &m.name), ("value", &m.value)] {
-            let n = text.as_deref().map_or(0, |t| t.chars().count());
-            let f = field(&format!("metrics[{i}].{key}"));
-            if n == 0 {
-                return Err(format!(
-                    "{f}: Invalid value: \"\": {f} in body should be at least 1 chars long"
-                ));
-            }
-            if n > MAX_TEXT {
-                return Err(format!(
-                    "{f}: Too long: may not be more than {MAX_TEXT} bytes"
-                ));
-            }
-        }
-    }
+    let metrics: Vec<(&str, &str)> = s
+        .metrics
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            (
+                m.name.as_deref().unwrap_or_default(),
+                m.value.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let report = bounds::Report {
+        percent: s.progress_percentage.map(i64::from),
+        eta_seconds: s.estimated_remaining_seconds.map(i64::from),
+        metrics: &metrics,
+    };
+    bounds::check(&bounds::WIRE, &report, MAX_METRICS).map_err(|e| e.to_string())?;
     if !has_time {
         return Err(format!(
             "{}: Invalid value: \"object\": lastUpdatedTime is required when trainerStatus is present",
@@ -455,5 +461,99 @@ mod tests {
             Some(7.0)
         );
         assert_eq!(s(&[("loss", "0.1")]).step(), None);
+    }
+
+    /// A step is a count: `12.5`, a negative number or one past 2^53 is a metric only.
+    #[test]
+    fn a_step_is_a_whole_number() {
+        let s = |v: &str| TrainerStatus {
+            metrics: vec![("current_step".into(), v.into())],
+            ..TrainerStatus::default()
+        };
+        assert_eq!(s("12.5").step(), None);
+        assert_eq!(s("-3").step(), None);
+        assert_eq!(s("1e300").step(), None);
+        assert_eq!(s("NaN").step(), None);
+        assert_eq!(s("12").step(), Some(12.0));
+        assert_eq!(s(" 12.0 ").step(), Some(12.0));
+        let half = TrainerStatus {
+            metrics: vec![
+                ("current_step".into(), "12.5".into()),
+                ("step".into(), "7".into()),
+            ],
+            ..TrainerStatus::default()
+        };
+        assert_eq!(half.step(), Some(7.0));
+        let (a, kept) = post(
+            r#"{"trainerStatus":{"metrics":[{"name":"current_step","value":"12.5"}],"lastUpdatedTime":"2026-11-26T10:25:35Z"}}"#,
+        );
+        let kept = kept.unwrap().unwrap();
+        assert_eq!(
+            (a.code, kept.step(), kept.metrics),
+            (200, None, vec![("current_step".into(), "12.5".into())])
+        );
+    }
+
+    /// The CRD takes any time to the end of 9999, as the API server writes it.
+    #[test]
+    fn the_last_second_of_9999_is_a_time() {
+        for (sent, echoed) in [
+            ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59Z"),
+            ("9999-12-31T23:59:59.999999Z", "9999-12-31T23:59:59Z"),
+            ("9999-12-31T23:59:59+01:00", "9999-12-31T22:59:59Z"),
+            ("1969-07-20T20:17:40Z", "1969-07-20T20:17:40Z"),
+            ("2026-11-26t10:25:35-00:00", "2026-11-26T10:25:35Z"),
+        ] {
+            let (a, s) = post(&format!(
+                r#"{{"trainerStatus":{{"lastUpdatedTime":"{sent}"}}}}"#
+            ));
+            assert_eq!(
+                a.body,
+                format!("{{\"trainerStatus\":{{\"lastUpdatedTime\":\"{echoed}\"}}}}\n"),
+                "{sent}"
+            );
+            assert_eq!(s.unwrap().unwrap().updated, echoed);
+        }
+        for past in [
+            "9999-12-31T23:59:59-00:01",
+            "10000-01-01T00:00:00Z",
+            "2026-11-26T10:25:35",
+            "2026-11-26",
+        ] {
+            let (a, s) = post(&format!(
+                r#"{{"trainerStatus":{{"lastUpdatedTime":"{past}"}}}}"#
+            ));
+            assert_eq!((a, s), (invalid_payload(), None), "{past}");
+        }
+    }
+
+    /// trainlet's own bounds, beyond the CRD's: refused as the CRD's are.
+    #[test]
+    fn a_time_remaining_past_ten_years_and_unprintable_metrics_are_refused() {
+        let t = r#""lastUpdatedTime":"2026-11-26T10:25:35Z""#;
+        for (body, why) in [
+            (
+                format!(r#"{{"trainerStatus":{{"estimatedRemainingSeconds":315360001,{t}}}}}"#),
+                "status.trainerStatus.estimatedRemainingSeconds: Invalid value: 315360001: status.trainerStatus.estimatedRemainingSeconds in body should be less than or equal to 315360000",
+            ),
+            (
+                format!(
+                    r#"{{"trainerStatus":{{"metrics":[{{"name":"loss\u001b[2J","value":"1"}}],{t}}}}}"#
+                ),
+                "status.trainerStatus.metrics[0].name: Invalid value: U+001B: status.trainerStatus.metrics[0].name may hold no control or invisible character",
+            ),
+        ] {
+            let (a, s) = post(&body);
+            assert_eq!((a.code, s), (422, None), "{body}");
+            let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+            assert_eq!(
+                v["message"],
+                format!("TrainJob.trainer.kubeflow.org \"job\" is invalid: {why}")
+            );
+        }
+        let (a, _) = post(&format!(
+            r#"{{"trainerStatus":{{"estimatedRemainingSeconds":315360000,{t}}}}}"#
+        ));
+        assert_eq!(a.code, 200);
     }
 }

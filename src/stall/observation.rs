@@ -1,9 +1,9 @@
 //! CMD's progress as exec hands it over: the one shape that exec writes for the sidecar
 //! (`exec.json`), the sidecar publishes (`trainlet.io/progress`), and peers read.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
-use super::progress::Reported;
+use super::progress::{Metric, Reported};
 
 /// CMD's progress as exec watches it, for the sidecar to publish
 /// (`trainlet.io/progress`, the `Stalled` Event, the progress metrics).
@@ -34,6 +34,51 @@ pub struct ProgressObservation {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
     /// What CMD last reported through the Kubeflow progress endpoint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "strict"
+    )]
     pub reported: Option<Reported>,
+}
+
+/// `reported` as the sidecar reads it from exec: a field this version does not write,
+/// in the report or in one of its metrics, is refused, as every unknown field of the
+/// handover is. [`Reported`] itself takes unknown fields: it is flattened into
+/// `trainlet.io/progress`, which peers of another version read, and a peer that could
+/// not read it would miss a stall. The struct literal below stops compiling when
+/// `Reported` gains a field, so the two cannot drift apart.
+fn strict<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Reported>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {
+        #[serde(default)]
+        percent: Option<u8>,
+        #[serde(default)]
+        eta_seconds: Option<u32>,
+        #[serde(default)]
+        metrics: Vec<StrictMetric>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct StrictMetric {
+        name: String,
+        value: String,
+    }
+    let Some(Strict {
+        percent,
+        eta_seconds,
+        metrics,
+    }) = Option::<Strict>::deserialize(d)?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Reported {
+        percent,
+        eta_seconds,
+        metrics: metrics
+            .into_iter()
+            .map(|StrictMetric { name, value }| Metric { name, value })
+            .collect(),
+    }))
 }

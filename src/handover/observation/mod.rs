@@ -32,14 +32,16 @@ use thiserror::Error;
 
 use super::file::{self, ReadError};
 use crate::render::OutputError;
+use crate::text::is_invisible;
 
+use crate::kubeflow::bounds;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::XidError;
 use crate::report::probe::gpu::{GpuDevice, GpuFault, GpuInfo, Unavailable};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{Owner, PortEntry, PortState};
 pub use crate::stall::observation::ProgressObservation;
-use crate::stall::progress::MAX_REPORTED_METRICS;
+use crate::stall::progress::{MAX_REPORTED_METRICS, Reported};
 
 /// The file's name in the observations directory.
 pub const FILE: &str = "exec.json";
@@ -56,8 +58,6 @@ const MAX_KILLS: usize = crate::report::probe::oom::ledger::KEEP_KILLS;
 const MAX_ERRORS: usize = 8;
 /// Longest string in an observation (a UUID is 40, a comm 15, an NVML error ~200).
 pub const MAX_TEXT: usize = 512;
-/// A reported metric's name or value: 64 characters of up to 4 bytes.
-const MAX_METRIC_TEXT: usize = 4 * crate::kubeflow::request::MAX_TEXT;
 
 /// Everything exec observed, as of one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,19 +234,6 @@ fn text(what: &str, s: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Unicode's format characters (general category Cf: bidirectional overrides and
-/// isolates, zero-width spaces and joiners, the byte order mark, tags) and its line and
-/// paragraph separators (Zl, Zp). None belongs in a GPU name, a process name or an
-/// error message; in an annotation or an Event note, they hide or reorder what a person
-/// reads (`kubectl describe`, a dashboard). The list is Unicode 15.1's.
-pub fn is_invisible(c: char) -> bool {
-    matches!(u32::from(c),
-        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
-        | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
-        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
-        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
-}
-
 fn at_most<T>(what: &str, v: &[T], max: usize) -> Result<(), String> {
     if v.len() > max {
         return Err(format!("more than {max} {what}"));
@@ -264,6 +251,30 @@ fn unavailable_text(u: &Unavailable) -> Result<(), String> {
             text("gpu.unavailable.why", why, MAX_TEXT)
         }
     }
+}
+
+/// The handover's names for a report's fields, in [`bounds::check`]'s errors.
+const REPORTED: bounds::Fields = bounds::Fields {
+    prefix: "progress.reported",
+    percent: "percent",
+    eta: "eta_seconds",
+    metrics: "metrics",
+};
+
+/// What CMD reported, as exec hands it over: within the endpoint's own bounds, and at
+/// most the [`MAX_REPORTED_METRICS`] that exec keeps.
+fn reported(r: &Reported) -> Result<(), String> {
+    let metrics: Vec<(&str, &str)> = r
+        .metrics
+        .iter()
+        .map(|m| (m.name.as_str(), m.value.as_str()))
+        .collect();
+    let report = bounds::Report {
+        percent: r.percent.map(i64::from),
+        eta_seconds: r.eta_seconds.map(i64::from),
+        metrics: &metrics,
+    };
+    bounds::check(&REPORTED, &report, MAX_REPORTED_METRICS).map_err(|e| e.to_string())
 }
 
 fn validate(o: &Observation) -> Result<(), String> {
@@ -368,18 +379,7 @@ fn validate(o: &Observation) -> Result<(), String> {
             return Err("progress.step is not a step: a number from 0 to 2^53".into());
         }
         if let Some(r) = &p.reported {
-            if r.percent.is_some_and(|n| n > 100) {
-                return Err("progress.reported.percent is more than 100".into());
-            }
-            if r.metrics.len() > MAX_REPORTED_METRICS {
-                return Err(format!(
-                    "progress.reported has more than {MAX_REPORTED_METRICS} metrics"
-                ));
-            }
-            for m in &r.metrics {
-                text("progress.reported metric name", &m.name, MAX_METRIC_TEXT)?;
-                text("progress.reported metric value", &m.value, MAX_METRIC_TEXT)?;
-            }
+            reported(r)?;
         }
         // Times RFC 3339 cannot write are no times exec hands over.
         for (what, t) in [

@@ -260,7 +260,8 @@ fn progress_times_past_9999_and_steps_that_are_no_count_are_rejected() {
 }
 
 /// What CMD reported to the Kubeflow endpoint comes through exec, which the training
-/// container controls: the sidecar takes it only within the endpoint's own bounds.
+/// container controls: the sidecar takes it only within the endpoint's own bounds
+/// (`kubeflow::bounds::check`, the same check), and at most the 16 metrics exec keeps.
 #[test]
 fn reported_progress_past_its_bounds_is_rejected() {
     let bad = |f: &dyn Fn(&mut Reported)| {
@@ -277,21 +278,78 @@ fn reported_progress_past_its_bounds_is_rejected() {
     assert_eq!(bad(&|r| r.percent = Some(100)), Ok(()));
     assert_eq!(
         bad(&|r| r.percent = Some(101)),
-        Err("exec.json: progress.reported.percent is more than 100".into())
+        Err("exec.json: progress.reported.percent: Invalid value: 101: progress.reported.percent in body should be less than or equal to 100".into())
+    );
+    assert_eq!(bad(&|r| r.eta_seconds = Some(315_360_000)), Ok(()));
+    assert_eq!(
+        bad(&|r| r.eta_seconds = Some(u32::MAX)),
+        Err("exec.json: progress.reported.eta_seconds: Invalid value: 4294967295: progress.reported.eta_seconds in body should be less than or equal to 315360000".into())
     );
     assert_eq!(
         bad(&|r| r.metrics = vec![metric("m", "1"); 17]),
-        Err("exec.json: progress.reported has more than 16 metrics".into())
+        Err(
+            "exec.json: progress.reported.metrics: Too many: 17: must have at most 16 items".into()
+        )
     );
     assert_eq!(bad(&|r| r.metrics = vec![metric("m", "1"); 16]), Ok(()));
     assert_eq!(
         bad(&|r| r.metrics = vec![metric("loss\u{1b}[2J", "1")]),
-        Err("exec.json: progress.reported metric name holds control characters".into())
+        Err("exec.json: progress.reported.metrics[0].name: Invalid value: U+001B: progress.reported.metrics[0].name may hold no control or invisible character".into())
     );
     assert_eq!(
-        bad(&|r| r.metrics = vec![metric("loss", &"9".repeat(257))]),
-        Err("exec.json: progress.reported metric value is longer than 256 bytes".into())
+        bad(&|r| r.metrics = vec![metric("loss", &"9".repeat(65))]),
+        Err("exec.json: progress.reported.metrics[0].value: Too long: may not be more than 64 bytes".into())
     );
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric("loss", "1"), metric(&"n".repeat(256), "1")]),
+        Err(
+            "exec.json: progress.reported.metrics[1].name: Too long: may not be more than 64 bytes"
+                .into()
+        )
+    );
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric(&"ü".repeat(64), "1")]),
+        Ok(())
+    );
+    assert_eq!(
+        bad(&|r| r.metrics = vec![metric("", "1")]),
+        Err("exec.json: progress.reported.metrics[0].name: Invalid value: \"\": progress.reported.metrics[0].name in body should be at least 1 chars long".into())
+    );
+}
+
+/// The report is part of the handover's format: a field exec does not write, in the
+/// report or in one of its metrics, is refused as anywhere else in it (the error names
+/// where, right after the field's name).
+#[test]
+fn unknown_fields_inside_the_report_are_rejected() {
+    let with = |key: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_slice(&json(&sample())).unwrap();
+        f(&mut v["progress"]["reported"]);
+        let text = serde_json::to_string(&v).unwrap();
+        let column = text.find(key).map_or(0, |i| i + key.len());
+        let got = parse(text.as_bytes(), "exec.json")
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        (got, column)
+    };
+    assert_eq!(with("", &|_| {}).0, Ok(()));
+    for (key, f) in [
+        (
+            "\"extra\"",
+            &(|r: &mut serde_json::Value| r["extra"] = 1.into()) as &dyn Fn(&mut serde_json::Value),
+        ),
+        ("\"unit\"", &|r| r["metrics"][0]["unit"] = "s".into()),
+    ] {
+        let (got, column) = with(key, f);
+        assert!(column > 0, "{key}");
+        assert_eq!(
+            got,
+            Err(format!(
+                "exec.json is not an observation of format 1: unexpected field or type at line 1 column {column}"
+            )),
+            "{key}"
+        );
+    }
 }
 
 #[test]
