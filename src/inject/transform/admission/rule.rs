@@ -248,7 +248,7 @@ fn human(d: Duration) -> String {
         (1000, "s"),
     ]
     .into_iter()
-    .find(|(u, _)| ms >= *u && ms % u == 0)
+    .find(|(u, _)| ms >= *u && ms.is_multiple_of(*u))
     .unwrap_or((1, "ms"));
     format!("{}{unit}", ms / n)
 }
