@@ -7,8 +7,9 @@
 //! - a corpus of pod shapes (the default token's volumes read back from the API server
 //!   beside a PVC, projected volumes, init containers and native sidecars, a user's own
 //!   `trainlet exec`, an earlier inject's wrapper, env collisions, several containers,
-//!   hostNetwork, and the pods that Jobs, StatefulSets, ReplicaSets and JobSets make)
-//!   comes out of the policy as the pod that inject's output makes, field for field.
+//!   hostNetwork, the pods that Jobs, StatefulSets, ReplicaSets and JobSets make, and
+//!   wrapped commands of every launcher, whose framework both infer) comes out of the
+//!   policy as the pod that inject's output makes, field for field.
 
 use std::collections::BTreeMap;
 
@@ -439,6 +440,98 @@ fn shapes() -> Vec<Shape> {
         restricted_spec(containers, inits, volumes)
     };
     let labels = json!({"app": "trainer"});
+    // Without trainlet.io/framework, the wrapped command's launcher chooses it, in the
+    // policy as in inject.
+    let launcher = |name: &'static str, command: Value, args: Option<Value>| {
+        let mut c = container("main", command);
+        if let Some(a) = args {
+            c["args"] = a;
+        }
+        Shape {
+            name,
+            settings: wrapped.clone(),
+            pod: pod(
+                name,
+                labels.clone(),
+                json!({}),
+                spec(json!([c]), json!([]), json!([])),
+            ),
+        }
+    };
+    let launchers = [
+        launcher(
+            "torchrun",
+            json!(["/usr/local/bin/torchrun", "--nproc-per-node=2", "train.py"]),
+            None,
+        ),
+        launcher(
+            "torch-distributed-run",
+            json!(["python3", "-u", "-m", "torch.distributed.run"]),
+            Some(json!(["--nnodes=2", "train.py"])),
+        ),
+        launcher(
+            "accelerate-launch",
+            json!(["accelerate", "launch", "train.py"]),
+            None,
+        ),
+        launcher(
+            "deepspeed",
+            json!(["deepspeed"]),
+            Some(json!(["--hostfile", "/etc/trainlet/hostfile", "train.py"])),
+        ),
+        launcher(
+            "mpirun",
+            json!(["mpirun", "-np", "4", "python", "train.py"]),
+            None,
+        ),
+        launcher(
+            "horovodrun",
+            json!(["horovodrun", "-np", "4", "python", "train.py"]),
+            None,
+        ),
+        launcher(
+            "sh-c-torchrun",
+            json!([
+                "sh",
+                "-c",
+                "pip install -r req.txt && exec torchrun train.py"
+            ]),
+            None,
+        ),
+        launcher(
+            "own-exec-mpirun-torchrun",
+            json!([
+                "trainlet",
+                "exec",
+                "--progress-pattern=step (\\d+)",
+                "--",
+                "bash",
+                "-lc"
+            ]),
+            Some(json!([
+                "mpirun -np 2 hostname && torchrun train.py; echo done"
+            ])),
+        ),
+        launcher("plain-python", json!(["python", "-m", "train"]), None),
+        Shape {
+            name: "torchrun-but-tensorflow",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "main"),
+                ("framework", "tensorflow"),
+            ],
+            pod: pod(
+                "torchrun-but-tensorflow",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([container("main", json!(["torchrun", "train.py"]))]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+    ];
     vec![
         Shape {
             name: "tokens-and-pvc",
@@ -609,7 +702,25 @@ fn shapes() -> Vec<Shape> {
             }),
         },
     ]
+    .into_iter()
+    .chain(launchers)
+    .collect()
 }
+
+/// The frameworks that the wrapped command of each launcher's shape gives, where no
+/// trainlet.io/framework says otherwise; none: TensorFlow's alone, and its port.
+const INFERRED: [(&str, Option<&str>); 10] = [
+    ("torchrun", Some("pytorch")),
+    ("torch-distributed-run", Some("pytorch")),
+    ("accelerate-launch", Some("pytorch")),
+    ("deepspeed", Some("pytorch")),
+    ("mpirun", Some("mpi")),
+    ("horovodrun", Some("mpi")),
+    ("sh-c-torchrun", Some("pytorch")),
+    ("own-exec-mpirun-torchrun", Some("pytorch,mpi")),
+    ("plain-python", None),
+    ("torchrun-but-tensorflow", None),
+];
 
 /// The pods that controllers make of a template, as they make them: their labels and
 /// annotations, the hostname, and (the Job controller) JOB_COMPLETION_INDEX in every
@@ -766,6 +877,23 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
             "{}: {by_policy}",
             s.name
         );
+        if let Some((_, want)) = INFERRED.iter().find(|(n, _)| *n == s.name) {
+            let args = |i: usize| by_policy["spec"]["initContainers"][i]["args"].clone();
+            let framework: Vec<Value> = args(0)
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| a.as_str().unwrap().starts_with("--framework="))
+                .cloned()
+                .collect();
+            let want_arg: Vec<Value> = want
+                .iter()
+                .map(|w| json!(format!("--framework={w}")))
+                .collect();
+            assert_eq!(framework, want_arg, "{}", s.name);
+            let tf_port = args(1).as_array().unwrap().contains(&json!("--port=8470"));
+            assert_eq!(tf_port, want.is_none(), "{}: {}", s.name, args(1));
+        }
     }
     // kubectl reads inject's JobSet through its CRD.
     jobset_crd();

@@ -107,6 +107,97 @@ fn injecting_its_own_output_again_changes_no_byte() {
     }
 }
 
+/// The pod inject prints for `input` with `args`, as JSON, and its stderr.
+fn injected_pod(args: &[&str], input: &str) -> (serde_json::Value, String) {
+    let r = inject_stdin(args, input);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let chunks = trainlet::inject::yaml::split_documents(&r.stdout);
+    let node = trainlet::inject::yaml::parse(&chunks[0]).unwrap().remove(0);
+    (trainlet::inject::yaml::to_json(&node), r.stderr)
+}
+
+/// Without `--framework`, the wrapped container's launcher chooses the frameworks
+/// (torchrun: PyTorch's variables, and the sidecar watches no TensorFlow port), exactly
+/// as if `--framework pytorch` were given, and a note says so; an explicit
+/// `--framework`, `tensorflow` included, always wins, and a plain `python` keeps the
+/// default.
+#[test]
+fn the_wrapped_commands_launcher_chooses_the_framework_with_a_note() {
+    let pod = |command: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ddp\nspec:\n  containers:\n    - name: trainer\n      image: trainer:1\n      command: {command}\n"
+        )
+    };
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["--job", "worker=app=ddp", "--wrap", "trainer"];
+        a.extend(extra);
+        a
+    };
+    let init = |p: &serde_json::Value| p["spec"]["initContainers"][0]["args"].clone();
+    let sidecar = |p: &serde_json::Value| p["spec"]["initContainers"][1]["args"].clone();
+    let torchrun = pod("[/usr/local/bin/torchrun, --nproc-per-node=2, train.py]");
+
+    let (inferred, notes) = injected_pod(&args(&[]), &torchrun);
+    assert_eq!(
+        init(&inferred),
+        json!([
+            "--job=worker=app=ddp",
+            "--install-to=/etc/trainlet/bin",
+            "--framework=pytorch"
+        ])
+    );
+    assert_eq!(
+        sidecar(&inferred),
+        json!(["--observations=/run/trainlet-observed"])
+    );
+    assert_eq!(
+        notes,
+        "trainlet: note: stdin: document 1 (v1 Pod \"ddp\"): infers --framework pytorch from container \"trainer\"'s command (torchrun): pass --framework to choose\n\
+         trainlet: note: stdin: document 1 (v1 Pod \"ddp\"): injected\n"
+    );
+    // Exactly what --framework pytorch gives.
+    let (given, notes) = injected_pod(&args(&["--framework", "pytorch"]), &torchrun);
+    assert_eq!(given, inferred);
+    assert_eq!(
+        notes,
+        "trainlet: note: stdin: document 1 (v1 Pod \"ddp\"): injected\n"
+    );
+
+    let (explicit, notes) = injected_pod(&args(&["--framework", "tensorflow"]), &torchrun);
+    assert_eq!(
+        init(&explicit),
+        json!(["--job=worker=app=ddp", "--install-to=/etc/trainlet/bin"])
+    );
+    assert_eq!(
+        sidecar(&explicit),
+        json!(["--port=8470", "--observations=/run/trainlet-observed"])
+    );
+    assert!(!notes.contains("infers"), "{notes}");
+
+    let (shell, notes) = injected_pod(
+        &args(&[]),
+        &pod("[sh, -c, \"pip install -r req.txt && mpirun -np 4 python train.py\"]"),
+    );
+    assert_eq!(init(&shell)[2], json!("--framework=mpi"));
+    assert!(
+        notes.contains("infers --framework mpi from container \"trainer\"'s command (mpirun)"),
+        "{notes}"
+    );
+
+    let (plain, notes) = injected_pod(&args(&[]), &pod("[python, train.py]"));
+    assert_eq!(
+        init(&plain),
+        json!(["--job=worker=app=ddp", "--install-to=/etc/trainlet/bin"])
+    );
+    assert!(!notes.contains("infers"), "{notes}");
+
+    // Injecting the output again finds the launcher behind the wrapper and changes no byte.
+    let once = inject_stdin(&args(&[]), &torchrun);
+    let twice = inject_stdin(&args(&[]), &once.stdout);
+    assert_eq!(twice.stdout, once.stdout);
+    assert!(twice.stderr.contains("(torchrun)"), "{}", twice.stderr);
+}
+
 #[test]
 fn bad_yaml_exits_2_with_the_document_and_line() {
     let r = run(trainlet()
