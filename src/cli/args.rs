@@ -194,14 +194,16 @@ pub struct OutputArgs {
     /// The frameworks whose variables go into trainlet.env and CMD's environment, next
     /// to TF_CONFIG, which is always there. Every framework's file is written either
     /// way: torch.env, jax.env, mpi.env, hostfile and <type>.host. Repeatable, or
-    /// comma-separated.
+    /// comma-separated. Default: tensorflow; for `trainlet inject --wrap`, the
+    /// frameworks of the wrapped command's launcher (torchrun, python -m
+    /// torch.distributed.run, accelerate launch and deepspeed: pytorch; mpirun, mpiexec
+    /// and horovodrun: mpi), else tensorflow.
     #[arg(
         long = flags::FRAMEWORK,
         env = "TRAINLET_FRAMEWORK",
         value_name = "NAME",
         value_enum,
-        value_delimiter = ',',
-        default_value = "tensorflow"
+        value_delimiter = ','
     )]
     pub frameworks: Vec<Framework>,
 
@@ -262,6 +264,19 @@ pub struct OutputArgs {
     /// at the same time, which pods made by hand may not (docs/preflight.md).
     #[arg(long = flags::PREFLIGHT, env = "TRAINLET_PREFLIGHT")]
     pub preflight: bool,
+}
+
+impl OutputArgs {
+    /// The frameworks `--framework` gives, or TensorFlow's where it is not given (which
+    /// `trainlet inject` tells from an explicit `--framework tensorflow`: it then infers
+    /// them from the wrapped command).
+    pub fn chosen_frameworks(&self) -> Vec<Framework> {
+        if self.frameworks.is_empty() {
+            vec![Framework::Tensorflow]
+        } else {
+            self.frameworks.clone()
+        }
+    }
 }
 
 /// Flags shared by `trainlet sidecar` and `trainlet exec --report`.

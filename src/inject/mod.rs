@@ -30,7 +30,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::Code;
-pub use transform::{InjectConfig, Note, Resources, TransformError, inject};
+pub use transform::{Infer, InjectConfig, Note, Resources, TransformError, inject};
 
 /// Why inject failed, before or after the transformation.
 #[derive(Debug, thiserror::Error)]

@@ -130,7 +130,7 @@ pub fn init_config(a: &InitArgs) -> Result<InitConfig, Failure> {
 
 /// The frameworks' flags: every usage error names its flag.
 pub fn framework_config(c: &ClusterArgs, o: &OutputArgs) -> Result<FrameworkConfig, Failure> {
-    let mut frameworks = o.frameworks.clone();
+    let mut frameworks = o.chosen_frameworks();
     frameworks.sort();
     frameworks.dedup();
     let count = |flag: &str, v: &str, what: &str| -> Result<u32, Failure> {

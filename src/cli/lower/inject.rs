@@ -13,7 +13,7 @@ use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
 use crate::inject::transform::admission::{Rule, Setting, Settings};
-use crate::inject::{InjectConfig, Resources};
+use crate::inject::{Infer, InjectConfig, Resources};
 
 /// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
 /// adds. The init flags are validated exactly as `trainlet init` will, so a bad
@@ -122,7 +122,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         }
     };
 
-    let init_args = init_flags(c, &a.output, &output_dir, &install_to);
+    let (init_args, framework_at) = init_flags(c, &a.output, &output_dir, &install_to);
     let exec_args = exec_flags(a);
     let written: Vec<String> = init_args.iter().chain(&exec_args).cloned().collect();
     settings(&install_to)
@@ -131,21 +131,19 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
     Ok(InjectConfig {
         image: a.image.trim().to_string(),
         init_args,
-        // The task port the sidecar watches for conflicts: TensorFlow's, or the one given.
-        // Other frameworks' ports are the training container's containerPorts, which
-        // the sidecar watches without --port.
-        sidecar_args: match c.port {
-            Some(p) => vec![format!("--port={p}")],
-            None if a
-                .output
-                .frameworks
+        sidecar_args: sidecar_port(
+            c.port,
+            a.output
+                .chosen_frameworks()
                 .iter()
-                .all(|f| *f == Framework::Tensorflow) =>
-            {
-                vec![format!("--port={}", defaults::PORT)]
-            }
-            None => Vec::new(),
-        },
+                .all(|f| *f == Framework::Tensorflow),
+        ),
+        // Without --framework, the wrapped command's launcher chooses, as if it were
+        // given: what it infers is never TensorFlow's alone.
+        infer: (a.output.frameworks.is_empty() && a.wrap.is_some()).then(|| Infer {
+            at: framework_at,
+            sidecar_args: sidecar_port(c.port, false),
+        }),
         wrap_env: wrap_env(&output_dir),
         metrics_port: defaults::METRICS_PORT,
         output_dir,
@@ -160,6 +158,17 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         resources,
         shm_size: a.shm_size.clone(),
     })
+}
+
+/// The task port the sidecar watches for conflicts: the one given, or TensorFlow's
+/// where every framework is TensorFlow's. Other frameworks' ports are the training
+/// container's containerPorts, which the sidecar watches without --port.
+fn sidecar_port(port: Option<u16>, tensorflow_only: bool) -> Vec<String> {
+    match port {
+        Some(p) => vec![format!("--port={p}")],
+        None if tensorflow_only => vec![format!("--port={}", defaults::PORT)],
+        None => Vec::new(),
+    }
 }
 
 /// The wrapped container's env that inject owns. `trainlet exec` reads TF_CONFIG from
@@ -223,6 +232,7 @@ pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Fail
         exec_args: Vec::new(),
         resources: resources(&a.resources)?,
         shm_size: None,
+        infer: None,
     };
     Ok((cfg, settings(&install_to)))
 }
@@ -472,8 +482,14 @@ fn resources(spec: &str) -> Result<Resources, Failure> {
 }
 
 /// The `trainlet init` flags for the injected init container: those that differ from
-/// their defaults, then `--install-to`.
-fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &str) -> Vec<String> {
+/// their defaults, then `--install-to`; and where `--framework` goes among them (where
+/// an inferred one goes when it is not given).
+fn init_flags(
+    c: &ClusterArgs,
+    o: &OutputArgs,
+    output_dir: &str,
+    install_to: &str,
+) -> (Vec<String>, usize) {
     use crate::flags::{self as f, with_value};
     let mut init = Vec::new();
     for j in &c.jobs {
@@ -533,9 +549,11 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
     }
     // The variables of the frameworks chosen land in trainlet.env, which the wrapped
     // container's `trainlet exec` (or a shell that sources it) starts with.
-    if o.frameworks != [Framework::Tensorflow] {
+    let framework_at = init.len();
+    let frameworks = o.chosen_frameworks();
+    if frameworks != [Framework::Tensorflow] {
         let mut names: Vec<String> = Vec::new();
-        for fw in &o.frameworks {
+        for fw in &frameworks {
             let name = fw.name();
             if !names.contains(&name) {
                 names.push(name);
@@ -558,7 +576,7 @@ fn init_flags(c: &ClusterArgs, o: &OutputArgs, output_dir: &str, install_to: &st
     if let Some(n) = &o.nnodes {
         init.push(with_value(f::NNODES, n));
     }
-    init
+    (init, framework_at)
 }
 
 fn path_str(flag: &str, p: &Path) -> Result<String, Failure> {

@@ -7,6 +7,7 @@ use super::yaml::{self, Chunk, Node};
 pub use parts::METRICS_PORT_NAME;
 
 pub mod admission;
+pub mod launcher;
 mod own;
 mod parts;
 mod policy;
@@ -94,6 +95,43 @@ pub struct InjectConfig {
     pub resources: Resources,
     /// The size of a memory-backed `/dev/shm` for the pod's containers, if any.
     pub shm_size: Option<String>,
+    /// Where `--framework` is not given: how a pod template's frameworks follow its
+    /// wrapped command's launcher ([`launcher`]). `None` with `--framework`, which
+    /// always wins, `tensorflow` too.
+    pub infer: Option<Infer>,
+}
+
+/// What changes in a pod template whose wrapped command's launcher chooses its
+/// frameworks: exactly what `--framework` with them would have changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Infer {
+    /// Where `--framework=…` goes among `init_args`: where inject writes the flag.
+    pub at: usize,
+    /// The sidecar's arguments with frameworks other than TensorFlow's alone: without
+    /// TensorFlow's task port, which it watches only for TensorFlow (or `--port`).
+    pub sidecar_args: Vec<String>,
+}
+
+impl InjectConfig {
+    /// This config for a pod template whose wrapped container runs `command` with
+    /// `args`: with the frameworks its launcher asks for, where `--framework` is not
+    /// given; and what was inferred, for the note.
+    fn inferred(
+        &self,
+        command: &[String],
+        args: &[String],
+    ) -> Option<(InjectConfig, launcher::Inferred)> {
+        let infer = self.infer.as_ref()?;
+        let inferred = launcher::infer(command, args)?;
+        let mut cfg = self.clone();
+        let at = infer.at.min(cfg.init_args.len());
+        cfg.init_args.insert(
+            at,
+            crate::flags::with_value(crate::flags::FRAMEWORK, inferred.value()),
+        );
+        cfg.sidecar_args = infer.sidecar_args.clone();
+        Some((cfg, inferred))
+    }
 }
 
 /// CPU and memory quantities, checked ([`super::quantity`]).

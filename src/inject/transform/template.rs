@@ -12,8 +12,8 @@ use super::parts::{
 };
 use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
-    Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, Node, OBSERVED_VOLUME, SHM_PATH, SHM_VOLUME,
-    SIDECAR, TOKEN_VOLUME, TransformError, VOLUME, yaml,
+    Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, InjectConfig, Node, OBSERVED_VOLUME, SHM_PATH,
+    SHM_VOLUME, SIDECAR, TOKEN_VOLUME, TransformError, VOLUME, yaml,
 };
 use crate::flags;
 
@@ -113,6 +113,10 @@ impl Ctx<'_> {
             return Err(self.shape(what, "spec is not a mapping"));
         };
         self.refuse_collisions(spec, what)?;
+        // trainlet's containers with the frameworks the wrapped command's launcher
+        // asks for, where `--framework` is not given.
+        let inferred = self.infer_frameworks(spec, what);
+        let own = inferred.as_ref().unwrap_or(cfg);
         let earlier = Earlier::of(spec);
         let mut dropped: Vec<String> = Vec::new();
         // New keys go before `containers`, where people expect them to be.
@@ -217,7 +221,7 @@ impl Ctx<'_> {
             }
         }
         if cfg.classic_sidecar {
-            containers.push(sidecar(cfg));
+            containers.push(sidecar(own));
         }
 
         let inits = spec
@@ -229,11 +233,11 @@ impl Ctx<'_> {
                 drop_default_token(mounts);
             }
         }
-        inits.insert(0, init_container(cfg));
+        inits.insert(0, init_container(own));
         if !cfg.classic_sidecar {
-            inits.insert(1, sidecar(cfg));
+            inits.insert(1, sidecar(own));
         }
-        dropped.extend(earlier.dropped(cfg));
+        dropped.extend(earlier.dropped(own));
         let mut seen = Vec::new();
         dropped.retain(|d| {
             let new = !seen.contains(d);
@@ -251,6 +255,44 @@ impl Ctx<'_> {
             );
         }
         Ok(())
+    }
+
+    /// Without `--framework`: this inject's config with the frameworks that the wrapped
+    /// container's launcher asks for, and a note that names them, the container and
+    /// the launcher; `None` where it names no launcher (or nothing is wrapped), and
+    /// this inject's config stays.
+    fn infer_frameworks(&mut self, spec: &Node, what: &str) -> Option<InjectConfig> {
+        let cfg = self.cfg;
+        let name = cfg.wrap.as_deref()?;
+        let c = spec
+            .get("containers")
+            .and_then(Node::as_seq)?
+            .iter()
+            .find(|c| name_of(c) == Some(name))?;
+        let strings = |key: &str| -> Vec<String> {
+            c.get(key)
+                .and_then(Node::as_seq)
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(Node::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (inferred, seen) = cfg.inferred(&strings("command"), &strings("args"))?;
+        self.note(
+            what.to_string(),
+            format!(
+                "infers --{} {} from container {name:?}'s command ({}): pass --{} to choose",
+                flags::FRAMEWORK,
+                seen.value(),
+                seen.launchers.join(", "),
+                flags::FRAMEWORK
+            ),
+        );
+        Some(inferred)
     }
 
     /// `--shm-size`: mounts the memory-backed volume at /dev/shm, unless the container

@@ -34,7 +34,7 @@ mod rule;
 mod settings;
 mod validate;
 
-use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME};
+use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME, launcher};
 use crate::flags;
 pub use cel::cel;
 use cel::{cel_string, raw};
@@ -43,13 +43,49 @@ use settings::annotation;
 pub use settings::{LABEL, NAME, PREFIX, Setting, Settings, WRAP};
 use validate::{injected, valid_expression, validations};
 
+/// The CEL value of a setting: its annotation; for `framework`, the annotation or,
+/// where it is absent, what the wrapped command's launcher asks for
+/// (`variables.framework`), as `inject` without `--framework` infers it.
+fn value(flag: &str) -> String {
+    if flag == flags::FRAMEWORK {
+        "variables.framework".to_string()
+    } else {
+        annotation(flag)
+    }
+}
+
+/// The variables that read the wrapped container's command and args as
+/// [`launcher::line`] does (past a `trainlet exec … --`, joined by spaces, its first
+/// [`launcher::MAX_LINE`] characters), and the frameworks: the annotation's, or where
+/// it is absent, those its launchers ask for ([`launcher::cel_value`]), as `inject`
+/// infers them. After [`command_variables`], whose `cmd`, `isExec` and `original` they
+/// read.
+fn framework_variables() -> String {
+    let joined = "((variables.isExec ? variables.original : variables.cmd) + \
+object.spec.containers.filter(c, c.name == variables.wrap).map(c, has(c.args) ? c.args : [])[0]).join(' ')";
+    let max = launcher::MAX_LINE;
+    format!(
+        r#"    - name: line
+      expression: >-
+        variables.wrap == '' ? '' :
+        [{joined}].map(l, size(l) > {max} ? l.substring(0, {max}) : l)[0]
+    - name: framework
+      expression: >-
+        {annotation} != '' ? {annotation} : variables.wrap == '' ? '' :
+        {inferred}
+"#,
+        annotation = annotation(flags::FRAMEWORK),
+        inferred = launcher::cel_value("variables.line", cel_string),
+    )
+}
+
 /// The CEL list of arguments that `settings` give.
 fn args(settings: &[Setting]) -> String {
     let parts: Vec<String> = settings
         .iter()
         .map(|s| match s {
             Setting::Value { flag, default, .. } => {
-                let value = annotation(flag);
+                let value = value(flag);
                 let skip = match default {
                     Some(d) => format!("{value} == '' || {value} == {}", cel_string(d)),
                     None => format!("{value} == ''"),
@@ -356,7 +392,6 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
     let sa = cel_string(&cfg.service_account);
     let tf_port = settings.default_port;
     let port = annotation(flags::PORT);
-    let framework = annotation(flags::FRAMEWORK);
     let observations = cel_string(&flags::with_value(flags::OBSERVATIONS, obs));
     let wrap_key = cel_string(&format!("{PREFIX}{WRAP}"));
     let label = cel_string(LABEL);
@@ -426,18 +461,18 @@ spec:
     - name: valid
       expression: >-
         {valid}
-{settings_vars}    - name: initArgs
+{settings_vars}    - name: execArgs
+      expression: >-
+        {exec_args}
+{command}{frameworks}    - name: initArgs
       expression: >-
         {init_args}
     - name: sidecarArgs
       expression: >-
         ({port} != '' ? ['--port=' + {port}] :
-          {framework}.split(',').all(f, f.trim() == '' || f.trim() == 'tensorflow') ? ['--port={tf_port}'] : []) +
+          variables.framework.split(',').all(f, f.trim() == '' || f.trim() == 'tensorflow') ? ['--port={tf_port}'] : []) +
         (variables.wrap != '' ? [{observations}] : [])
-    - name: execArgs
-      expression: >-
-        {exec_args}
-{command}  mutations:
+  mutations:
     # Scrape annotations, trainlet's ServiceAccount, and no token mounted by default.
     - patchType: JSONPatch
       jsonPatch:
@@ -525,6 +560,7 @@ spec:
         validations = validations(settings, out, obs),
         init_args = args(&settings.init),
         command = command_variables(cfg),
+        frameworks = framework_variables(),
         unmount_init = unmount("\"/spec/initContainers/\" + string(i)"),
         remove_tokens = remove_where("object.spec.volumes", "\"/spec/volumes\"", &token()),
         containers = containers_patch(cfg),
