@@ -159,3 +159,36 @@ fn a_second_inject_infers_the_same_through_the_wrapper() {
     assert_eq!(init[2], "--framework=jax");
     assert_eq!(notes, ["document 1 (batch/v1 Job \"ddp\"): injected"]);
 }
+
+/// A template an earlier inject gave TensorFlow's default (its sidecar watching port
+/// 8470) gets the launcher's frameworks from a new inject, and no note that it drops a
+/// `--port` nobody passed: the sidecar's port follows init's `--port`, whose own drop
+/// is noted with init's flags.
+#[test]
+fn inferring_after_tensorflows_default_drops_no_port() {
+    let src = job("[torchrun, train.py]");
+    let tf = inject(
+        &src,
+        &config(&["--wrap", "train", "--framework", "tensorflow"]),
+    )
+    .unwrap();
+    let (init, sidecar, notes) = injected(&tf.yaml, &["--wrap", "train"]);
+    assert_eq!(init[2], "--framework=pytorch");
+    assert_eq!(
+        sidecar,
+        serde_json::json!(["--observations=/run/trainlet-observed"])
+    );
+    assert_eq!(
+        notes,
+        [
+            "document 1 (batch/v1 Job \"ddp\"): infers --framework pytorch from container \"train\"'s command (torchrun): pass --framework to choose",
+            "document 1 (batch/v1 Job \"ddp\"): injected",
+        ]
+    );
+    let port = inject(&src, &config(&["--wrap", "train", "--port", "2222"])).unwrap();
+    let (_, _, notes) = injected(&port.yaml, &["--wrap", "train"]);
+    assert!(
+        notes[1].ends_with("drops --port=2222 of an earlier inject: not in this one's flags, so the default applies; pass it again to keep it"),
+        "{notes:?}"
+    );
+}

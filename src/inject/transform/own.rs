@@ -171,6 +171,9 @@ impl Earlier {
             match flag_name(&d) {
                 // Follows --wrap, which is not a setting of the pod template.
                 Some(f) if f == flags::OBSERVATIONS => {}
+                // Follows init's --port (whose drop init's flags note), or the
+                // frameworks: TensorFlow's port, which nobody passed.
+                Some(f) if f == flags::PORT => {}
                 Some(f) if f == flags::EXIT_WITH_MAIN => {
                     out.push(flags::long(flags::CLASSIC_SIDECAR));
                 }
