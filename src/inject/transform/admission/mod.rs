@@ -624,6 +624,35 @@ mod tests {
         assert_eq!(args(&[]), "[]");
     }
 
+    /// `framework` is the annotation's, else the launchers': the pattern `inject`
+    /// matches with the regex crate, as a CEL string, over the text `launcher::line`
+    /// makes; every other setting is its annotation.
+    #[test]
+    fn the_framework_is_the_annotations_or_else_the_launchers() {
+        use crate::render::frameworks::Framework;
+        assert_eq!(value("framework"), "variables.framework");
+        assert_eq!(value("order"), annotation("order"));
+        let v = framework_variables();
+        for f in [Framework::Pytorch, Framework::Mpi] {
+            let matches = format!(
+                "variables.line.matches({})",
+                cel_string(&launcher::framework_pattern(f))
+            );
+            assert!(v.contains(&matches), "{v}");
+        }
+        assert!(
+            v.contains(".map(l, size(l) > 4096 ? l.substring(0, 4096) : l)[0]"),
+            "{v}"
+        );
+        assert!(
+            v.contains(&format!(
+                "{a} != '' ? {a} : variables.wrap == '' ? '' :",
+                a = annotation("framework")
+            )),
+            "{v}"
+        );
+    }
+
     /// Match conditions cannot read `variables`: the validity check spells them out.
     #[test]
     fn the_match_condition_reads_no_variables() {
