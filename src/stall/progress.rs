@@ -190,7 +190,7 @@ pub struct Progress {
     pub reported: Option<Reported>,
 }
 
-/// A report through the Kubeflow progress endpoint ([`crate::kubeflow`]), as published
+/// A report through the Kubeflow progress endpoint (`src/kubeflow`), as published
 /// (`trainlet.io/progress`) and handed over to the sidecar.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Reported {
