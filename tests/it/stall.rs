@@ -740,38 +740,47 @@ fn the_private_heartbeat_directory_is_0700_and_removed_when_exec_exits() {
 /// What torchrun prints in every pod when `--nproc-per-node` is above 1.
 const OMP_WARNING: &str = "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed.";
 
-/// Rank 0's CMD: its start in `$STARTS`, then `steps` lines `step N` 0.5 s apart; in
-/// its first run, where `$HANG` exists, it then hangs silently; else it ends (0).
-fn rank_0_cmd(steps: u32) -> String {
+/// Rank 0's CMD: its start in `$STARTS`, a line every 0.5 s until pod 1 has printed
+/// its warning (the file `warned`, however late pod 1 starts), then `steps` lines
+/// `step N` 0.5 s apart; in its first run, where `$HANG` exists, it then hangs
+/// silently; else it ends (0).
+fn rank_0_cmd(steps: u32, warned: &std::path::Path) -> String {
     format!(
         r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
+while [ ! -e '{}' ]; do echo "warming up"; sleep 0.5; done
 i=0; while [ $i -lt {steps} ]; do echo "step $i"; i=$((i+1)); sleep 0.5; done
-if [ "$(wc -l < "$STARTS")" -eq 1 ] && [ -e "$HANG" ]; then exec sleep 600; fi"#
+if [ "$(wc -l < "$STARTS")" -eq 1 ] && [ -e "$HANG" ]; then exec sleep 600; fi"#,
+        warned.display()
     )
 }
 
-/// Pod 1's CMD: its start, torchrun's warning on stderr, then `quiet` seconds of
-/// silence and the end (0); in its first run, where `$HANG` exists, silence for good.
-fn quiet_cmd(quiet: u32) -> String {
+/// Pod 1's CMD: its start, torchrun's warning on stderr (then the file `warned`), then
+/// `quiet` seconds of silence and the end (0); in its first run, where `$HANG` exists,
+/// silence for good.
+fn quiet_cmd(quiet: u32, warned: &std::path::Path) -> String {
     format!(
         r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
 echo '{OMP_WARNING}' >&2
+touch '{}'
 if [ "$(wc -l < "$STARTS")" -eq 1 ] && [ -e "$HANG" ]; then exec sleep 600; fi
-exec sleep {quiet}"#
+exec sleep {quiet}"#,
+        warned.display()
     )
 }
 
-/// A Job of two pods in the shipped layout, pod `i` running `cmds[i]` under
-/// `--stall-after 3s --on-stall restart` (the default scope), with `$HANG` made where
-/// `hang`; pod 1's CMD starts once pod 0's is up.
+/// A Job of two pods in the shipped layout under `--stall-after 3s --on-stall restart`
+/// (the default scope): pod 0 runs [`rank_0_cmd`] with `steps`, pod 1 [`quiet_cmd`]
+/// with `quiet`, with `$HANG` made where `hang`; pod 1's CMD starts once pod 0's is up.
 async fn two_pods(
     client: &kube::Client,
     prefix: &str,
     subnet: u8,
-    cmds: [String; 2],
+    (steps, quiet): (u32, u32),
     hang: bool,
 ) -> (String, Vec<String>, Vec<HandoverPod>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
+    let warned = dir.path().join("warned");
+    let cmds = [rank_0_cmd(steps, &warned), quiet_cmd(quiet, &warned)];
     let (ns, kc) = rbac_namespace(client, prefix, dir.path()).await;
     indexed_job(client, &ns, "w", 2, "app=w", serde_json::json!({})).await;
     let port = free_port();
@@ -805,21 +814,14 @@ async fn sidecar_counts(pod: &HandoverPod, name: &str, series: &str, want: f64) 
 }
 
 /// The issue's healthy torchrun job: pod 1 prints torchrun's start-up warning and is
-/// quiet for 10 s while rank 0 prints a step every 0.5 s for 10 s. Pod 1 is silent
+/// quiet for 10 s while rank 0 prints a step every 0.5 s for 10 s after it. Pod 1 is silent
 /// (published), never stalled; nothing restarts and both commands end 0. (Before,
 /// pod 1 was stalled 3 s after its warning and the group restarted for it, up to
 /// exit 8.)
 #[tokio::test]
 async fn without_credentials_a_pod_quiet_after_a_warning_is_silent_while_rank_0_progresses() {
     let client = admin().await;
-    let (ns, names, mut pods, _dir) = two_pods(
-        &client,
-        "scope-quiet",
-        11,
-        [rank_0_cmd(20), quiet_cmd(10)],
-        false,
-    )
-    .await;
+    let (ns, names, mut pods, _dir) = two_pods(&client, "scope-quiet", 11, (20, 10), false).await;
     // Quiet for --stall-after while rank 0 goes on: silent, not stalled.
     eventually("pod 1 silent", Duration::from_secs(30), || async {
         let a = annotations(&client, &ns, &names[1]).await;
@@ -852,14 +854,7 @@ async fn without_credentials_a_pod_quiet_after_a_warning_is_silent_while_rank_0_
 #[tokio::test]
 async fn without_credentials_a_job_wide_hang_restarts_every_pods_command_once() {
     let client = admin().await;
-    let (ns, names, mut pods, _dir) = two_pods(
-        &client,
-        "scope-hang",
-        12,
-        [rank_0_cmd(8), quiet_cmd(6)],
-        true,
-    )
-    .await;
+    let (ns, names, mut pods, _dir) = two_pods(&client, "scope-hang", 12, (8, 6), true).await;
     for (p, name) in pods.iter_mut().zip(&names) {
         let (code, _) = p.exec.wait(Duration::from_secs(90));
         assert_eq!(code, 0, "{name}: {}", p.exec.stderr());
