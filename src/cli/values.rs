@@ -9,6 +9,7 @@ use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 use crate::logging::LogFormat;
 use crate::render::frameworks;
+use crate::stall::progress::Scope;
 use crate::supervise::policy::{OnPeerChange, OnStall};
 
 /// An unsigned integer type a flag takes, with its largest value for the message.
@@ -261,6 +262,30 @@ pub enum Stall {
     Restart,
     /// Stop CMD and exit 8, so that the Job controller replaces the pod.
     Exit,
+}
+
+/// `exec --stall-scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StallScope {
+    /// `pod` when the cluster has a `ps` type (TensorFlow's ParameterServerStrategy,
+    /// whose workers train asynchronously), else `job`.
+    Auto,
+    /// The job is stalled when no pod of it made progress for --stall-after; rank 0's
+    /// pod says so. A pod that is quiet while another makes progress is only silent.
+    Job,
+    /// Each pod is stalled when its CMD made progress and then none for --stall-after,
+    /// whatever the other pods do.
+    Pod,
+}
+
+impl From<StallScope> for Option<Scope> {
+    fn from(s: StallScope) -> Self {
+        match s {
+            StallScope::Auto => None,
+            StallScope::Job => Some(Scope::Job),
+            StallScope::Pod => Some(Scope::Pod),
+        }
+    }
 }
 
 impl From<Stall> for OnStall {
