@@ -80,6 +80,7 @@ pub const ON_PEER_CHANGE: &str = "on-peer-change";
 pub const MAX_RESTARTS: &str = "max-restarts";
 pub const STALL_AFTER: &str = "stall-after";
 pub const ON_STALL: &str = "on-stall";
+pub const STALL_SCOPE: &str = "stall-scope";
 pub const PROGRESS_PATTERN: &str = "progress-pattern";
 pub const RESTART_GRACE: &str = "restart-grace";
 pub const RESTART_BACKOFF: &str = "restart-backoff";

@@ -18,8 +18,8 @@
 //!   target is the same ratio. exec looks at a chunk's lines from its end
 //!   and stops at the last that is progress.
 //! - **Hang to group restart.** Three pods, each `trainlet exec --stall-after 5s
-//!   --on-stall restart --interval 1s --restart-backoff 1s` with credentials, CMD
-//!   printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
+//!   --stall-scope pod --on-stall restart --interval 1s --restart-backoff 1s` with
+//!   credentials, CMD printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
 //!   pod's CMD starting again, less the backoff, against `--stall-after`: the target
 //!   is within one `--interval` after it (the stall is seen at the first check past
 //!   `--stall-after`, and the peers learn of it from the pod's annotation within a
@@ -357,7 +357,9 @@ async fn group_restart(
             .args(["--job", "w=role=w", "--expect", "w=3", "--port-name", "fw"])
             .args(["--timeout", "60s", "--metrics-addr", "off"])
             .args(["--interval", "1s", "--min-patch-interval", "1s"])
-            .args(["--stall-after", "5s", "--on-stall", "restart"])
+            // The other pods tick on: job-wide, that is progress of the job.
+            .args(["--stall-after", "5s", "--stall-scope", "pod"])
+            .args(["--on-stall", "restart"])
             .args(["--restart-backoff", "1s", "--restart-grace", "2s"])
             .args(["--", "sh", "-c", TICKING])
             .env("STARTS", marks.path().join(format!("starts-{k}")))

@@ -28,8 +28,8 @@ impl Engine {
         }
         let mut errors = self.probe_errors();
         // A sidecar reports the GPUs and ports the training container's trainlet exec
-        // observed; from its own NVML only when it has GPUs of its own; else the count
-        // is unknown, which is no problem to announce.
+        // observed; from its own NVML only when it has (or had: their loss is news)
+        // GPUs of its own; else the count is unknown, which is no problem to announce.
         let now = SystemTime::now();
         let exec_gpu;
         let mut ports = Cow::Borrowed(&self.probes.listeners.states);
@@ -56,7 +56,7 @@ impl Engine {
                 )
             }
             None => {
-                if self.cfg.mode == Mode::Sidecar && self.probes.gpus.info.count() == 0 {
+                if self.cfg.mode == Mode::Sidecar && !self.probes.gpus.own() {
                     unknown = Some(match &self.inbox {
                         Some(i) => i.why_unknown(&self.probes.gpus.info.nvml_status(), now),
                         None => format!(

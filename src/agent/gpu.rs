@@ -94,6 +94,17 @@ impl Gpus {
         }
     }
 
+    /// Whether this reporter has GPUs of its own to speak of: NVML showed some (now or
+    /// before: `seen` never falls), or the event thread said they were lost. GPUs that
+    /// were seen and are gone stay its own, so that their loss is announced (GPULost,
+    /// and GPUUnavailable or GPUCountMismatch against the limit): a sidecar that took a
+    /// probe showing none for "no GPU of its own" reported the count `unknown` from
+    /// then on and never announced the loss, whenever its probe saw it before NVML's
+    /// event thread did, or alone (no event watch, NVML failing as a whole).
+    pub(super) fn own(&self) -> bool {
+        self.seen > 0 || self.lost.is_some()
+    }
+
     /// Whether the event thread runs but has not yet said which GPUs it watches.
     pub(super) fn registering(&self) -> bool {
         self.events.is_some() && self.watch.is_none()
@@ -126,5 +137,57 @@ impl Engine {
                 self.probes.gpus.events = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::probe::gpu::{GpuDevice, Unavailable};
+
+    fn showing(n: u32) -> GpuInfo {
+        GpuInfo {
+            devices: (0..n)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    name: "Fake GPU".into(),
+                    memory_total_bytes: 16 << 30,
+                    mig: None,
+                })
+                .collect(),
+            driver: None,
+            nvml: Ok(()),
+            faulty: Vec::new(),
+        }
+    }
+
+    /// GPUs that were seen and are gone are still this reporter's own: their loss is
+    /// announced (GPULost), not hidden as a count the sidecar cannot tell.
+    #[test]
+    fn gpus_seen_once_stay_own_when_nvml_shows_none() {
+        let mut g = Gpus::new(None);
+        assert!(!g.own(), "nothing probed yet");
+        g.info = GpuInfo::unavailable(Unavailable::LibraryNotFound {
+            lib: "libnvidia-ml.so.1".into(),
+            why: "not found".into(),
+        });
+        assert!(!g.own(), "a sidecar without NVML has no GPU of its own");
+        g.info = showing(4);
+        g.seen = 4;
+        assert!(g.own());
+        // NVML fails after it worked ("GPU is lost" for the count, or "Failed to
+        // initialize NVML: Unknown Error" once the device nodes are gone).
+        g.info = GpuInfo::unavailable(Unavailable::QueryFailed {
+            why: "GPU is lost".into(),
+        });
+        assert!(g.own());
+        // NVML answers but every GPU's own queries fail.
+        g.info = showing(0);
+        assert!(g.own());
+        // The event thread said so before any probe showed a GPU.
+        let mut g = Gpus::new(None);
+        g.lost = Some("NVML reports the GPU is lost".into());
+        assert!(g.own());
     }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::defaults;
 use super::values::{
-    Address, Coordination, Framework, Order, PeerChange, Ready, Stall, StatusOutput,
+    Address, Coordination, Framework, Order, PeerChange, Ready, Stall, StallScope, StatusOutput,
     coordinate_from, whole,
 };
 use crate::flags;
@@ -440,11 +440,11 @@ pub struct ExecArgs {
 pub struct StallArgs {
     /// Call CMD stalled after this long without progress (e.g. 10m; at least 1s): without
     /// a new line of output (or a line --progress-pattern matches), and without a touch of
-    /// the file $TRAINLET_HEARTBEAT names. Off unless given. A CMD that made progress and then
-    /// none for this long is stalled; one that has shown none since it started is only
-    /// silent (the ranks of DDP, torchrun or DeepSpeed that never print, MPI's sshd),
-    /// unless no pod of the job made progress for this long: then rank 0's pod says
-    /// the job is stalled. CMD's output then passes through exec (unchanged,
+    /// the file $TRAINLET_HEARTBEAT names. Off unless given. By default the job is stalled
+    /// when no pod of it made progress for this long, and rank 0's pod says so: a pod
+    /// that is quiet while another prints (the ranks of DDP, torchrun or DeepSpeed that
+    /// print a start-up warning and then nothing, MPI's sshd) is only silent; see
+    /// --stall-scope. CMD's output then passes through exec (unchanged,
     /// unbuffered) to be watched, and CMD gets PYTHONUNBUFFERED=1 unless the container
     /// sets it (a Python trainer writing to a pipe otherwise holds its lines back).
     /// Choose it longer than CMD's longest silent phase (compilation, loading a
@@ -460,6 +460,17 @@ pub struct StallArgs {
     /// replaces the pod).
     #[arg(long = flags::ON_STALL, env = "TRAINLET_ON_STALL", value_enum, value_name = "WHAT", default_value_t = defaults::ON_STALL)]
     pub on_stall: Stall,
+
+    /// Whose silence is a stall. `job`: the job is stalled when no pod of it made
+    /// progress for --stall-after, and rank 0's pod says so; a pod quiet while another
+    /// makes progress is only silent. That is synchronous training (DDP, FSDP,
+    /// DeepSpeed, Horovod, MultiWorkerMirroredStrategy, JAX, MPI), where a rank that
+    /// hangs stops every other in the next collective. `pod`: each pod is stalled when
+    /// its CMD made progress and then none for --stall-after, whatever the others do:
+    /// asynchronous training, where a worker can hang alone. `auto`: `pod` when the
+    /// cluster has a `ps` type (TensorFlow's ParameterServerStrategy), else `job`.
+    #[arg(long = flags::STALL_SCOPE, env = "TRAINLET_STALL_SCOPE", value_enum, value_name = "SCOPE", default_value_t = defaults::STALL_SCOPE)]
+    pub stall_scope: StallScope,
 
     /// Only output lines this regular expression matches are progress (Rust regex
     /// syntax, e.g. `step (\d+)`); its first capture group, when a number, is the step

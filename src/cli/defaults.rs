@@ -2,7 +2,7 @@
 //! from here, and `inject` compares against them to write only the flags a user
 //! changed into the agents it adds.
 
-use super::values::{Address, Coordination, Logs, Order, PeerChange, Ready, Stall};
+use super::values::{Address, Coordination, Logs, Order, PeerChange, Ready, Stall, StallScope};
 
 /// The TensorFlow server port of every task (the resolver's `tf_server_port`).
 pub const PORT: u16 = 8470;
@@ -32,6 +32,8 @@ pub const COORDINATE_FROM: usize = crate::bootstrap::COORDINATE_FROM;
 pub const ON_PEER_CHANGE: PeerChange = PeerChange::Report;
 /// `exec`: a stall is reported; CMD runs on.
 pub const ON_STALL: Stall = Stall::Report;
+/// `exec`: the job's silence is a stall, a pod's alone where the cluster has `ps`.
+pub const STALL_SCOPE: StallScope = StallScope::Auto;
 /// `exec --on-peer-change restart`: restarts before exec exits instead.
 pub const MAX_RESTARTS: u32 = 3;
 /// `exec`: between SIGTERM and SIGKILL when CMD is stopped for a restart.

@@ -9,17 +9,38 @@ use crate::bootstrap::Coordinate;
 use crate::cluster::{AddressMode, OrderMode, ReadyMode};
 use crate::logging::LogFormat;
 use crate::render::frameworks;
+use crate::stall::progress::Scope;
 use crate::supervise::policy::{OnPeerChange, OnStall};
+
+/// An unsigned integer type a flag takes, with its largest value for the message.
+pub trait Whole: std::str::FromStr {
+    const MAX: u64;
+}
+
+impl Whole for u16 {
+    const MAX: u64 = u16::MAX as u64;
+}
+
+impl Whole for u32 {
+    const MAX: u64 = u32::MAX as u64;
+}
+
+impl Whole for usize {
+    const MAX: u64 = usize::MAX as u64;
+}
 
 /// A whole number in digits only (`--port`, `--max-restarts`): `+80` and ` 80`, which
 /// Rust's own parser takes, are refused as the admission policy refuses them in an
 /// annotation, so that a value is good for both or for neither.
-pub fn whole<T: std::str::FromStr>(s: &str) -> Result<T, String> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("give a whole number in digits".into());
+pub fn whole<T: Whole>(s: &str) -> Result<T, String> {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s} is not a whole number in digits"));
     }
-    s.parse()
-        .map_err(|_| format!("{s} is too large for this flag"))
+    match s.parse() {
+        Ok(n) if !s.starts_with('-') => Ok(n),
+        _ => Err(format!("{s} is not in 0..={}", T::MAX)),
+    }
 }
 
 /// `--coordinate-from`: a whole number from 2 on.
@@ -189,6 +210,28 @@ impl From<Logs> for LogFormat {
 mod tests {
     use super::*;
 
+    /// Digits only, as the admission policy takes a number; clap's words otherwise.
+    #[test]
+    fn whole_numbers_are_digits_within_their_type() {
+        assert_eq!(whole::<u16>("080"), Ok(80));
+        assert_eq!(
+            whole::<u16>("70000"),
+            Err("70000 is not in 0..=65535".into())
+        );
+        assert_eq!(
+            whole::<u32>("-1"),
+            Err("-1 is not in 0..=4294967295".into())
+        );
+        for bad in ["+80", " 80", "8o", "", "1e3"] {
+            assert_eq!(
+                whole::<u16>(bad),
+                Err(format!("{bad} is not a whole number in digits"))
+            );
+        }
+        assert_eq!(coordinate_from("1"), Err("give 2 or more".into()));
+        assert_eq!(coordinate_from("384"), Ok(384));
+    }
+
     /// The domain's names of its values are the flags' spellings.
     #[test]
     fn every_value_is_spelled_as_the_domain_names_it() {
@@ -219,6 +262,30 @@ pub enum Stall {
     Restart,
     /// Stop CMD and exit 8, so that the Job controller replaces the pod.
     Exit,
+}
+
+/// `exec --stall-scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StallScope {
+    /// `pod` when the cluster has a `ps` type (TensorFlow's ParameterServerStrategy,
+    /// whose workers train asynchronously), else `job`.
+    Auto,
+    /// The job is stalled when no pod of it made progress for --stall-after; rank 0's
+    /// pod says so. A pod that is quiet while another makes progress is only silent.
+    Job,
+    /// Each pod is stalled when its CMD made progress and then none for --stall-after,
+    /// whatever the other pods do.
+    Pod,
+}
+
+impl From<StallScope> for Option<Scope> {
+    fn from(s: StallScope) -> Self {
+        match s {
+            StallScope::Auto => None,
+            StallScope::Job => Some(Scope::Job),
+            StallScope::Pod => Some(Scope::Pod),
+        }
+    }
 }
 
 impl From<Stall> for OnStall {

@@ -1,5 +1,5 @@
 //! A report's bounds, in one place: what the endpoint accepts from CMD
-//! ([`super::request`]) and what the sidecar takes from exec's handover
+//! (`request.rs`) and what the sidecar takes from exec's handover
 //! (`handover::observation::parse`) are checked by the same [`check`], so the
 //! sidecar never publishes what the endpoint would have refused. Pure.
 //!

@@ -8,8 +8,11 @@
 pub mod observation;
 pub mod peers;
 pub mod progress;
+pub mod rule;
 pub mod watch;
 pub mod watching;
 
+#[cfg(test)]
+mod scope_tests;
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,44 @@ pub struct WatchConfig {
     pub pattern: Pattern,
     /// The file CMD may touch to say it makes progress (`$TRAINLET_HEARTBEAT`).
     pub heartbeat: Option<std::path::PathBuf>,
+    /// `--stall-scope`: whose silence is a stall; `None` (`auto`) lets the cluster
+    /// decide ([`Scope::of`]).
+    pub scope: Option<Scope>,
 }
+
+/// Whose silence is a stall (`--stall-scope`).
+///
+/// In synchronous training (DDP, FSDP, DeepSpeed, Horovod, MultiWorkerMirrored, JAX,
+/// MPI) a rank that hangs stops every other rank in the next collective, so the job's
+/// progress is the one signal: a rank that printed a start-up warning and is quiet
+/// since, while another rank prints steps, is healthy. In asynchronous training
+/// (TensorFlow's ParameterServerStrategy) the workers do not wait for each other, and
+/// one can hang alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// The job is stalled when no pod of it made progress for `--stall-after`; one pod
+    /// (rank 0's) says so.
+    #[default]
+    Job,
+    /// Each pod is stalled when its CMD made progress and then none for
+    /// `--stall-after`, whatever the other pods do.
+    Pod,
+}
+
+impl Scope {
+    /// The scope `--stall-scope auto` means: per pod when the cluster has TensorFlow's
+    /// parameter servers (`ps`, whose workers train asynchronously), else the job.
+    pub fn of(cluster_types: &[&str]) -> Scope {
+        if cluster_types.contains(&PS) {
+            Scope::Pod
+        } else {
+            Scope::Job
+        }
+    }
+}
+
+/// TensorFlow's parameter-server task type: a job that has it trains asynchronously.
+pub const PS: &str = "ps";
 
 /// Splits a byte stream into lines, keeping at most [`MAX_LINE`] bytes of each.
 #[derive(Debug, Default)]
@@ -190,7 +227,7 @@ pub struct Progress {
     pub reported: Option<Reported>,
 }
 
-/// A report through the Kubeflow progress endpoint ([`crate::kubeflow`]), as published
+/// A report through the Kubeflow progress endpoint (`src/kubeflow`), as published
 /// (`trainlet.io/progress`) and handed over to the sidecar.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Reported {

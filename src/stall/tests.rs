@@ -3,6 +3,7 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 
 use super::progress::*;
+use super::rule::*;
 use super::watching::*;
 use crate::testing::budget;
 
@@ -191,8 +192,10 @@ fn a_heartbeat_counts_when_its_mtime_changes_either_way_at_the_time_exec_sees_it
     );
 }
 
+/// exec alone: it speaks for the job, which is this pod (either scope says the same).
 fn alone() -> JobView {
     JobView {
+        scope: Scope::Job,
         speaks_for_job: true,
         peer_progress: None,
     }
@@ -239,14 +242,15 @@ fn a_stall_is_announced_once_and_clears_on_progress() {
     );
 }
 
-/// The ranks that never print (DDP's, torchrun's, MPI's sshd) are silent, never
+/// Per pod (`--stall-scope pod`): the ranks that never print are silent, never
 /// stalled, however long they run: a healthy job of two pods whose rank 0 logs does
 /// not restart every `--stall-after`.
 #[test]
-fn a_pod_that_never_prints_is_silent_not_stalled() {
+fn per_pod_a_pod_that_never_prints_is_silent_not_stalled() {
     let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
     let after = Duration::from_secs(5);
     let rank1 = |peer: Option<u64>| JobView {
+        scope: Scope::Pod,
         speaks_for_job: false,
         peer_progress: peer.map(t),
     };
@@ -264,6 +268,7 @@ fn a_pod_that_never_prints_is_silent_not_stalled() {
     // Rank 0 silent while rank 1 logs: rank 1's progress since rank 0 started keeps the
     // job alive, and rank 1 tells its own stall when it stops.
     let rank0 = |peer: Option<u64>| JobView {
+        scope: Scope::Pod,
         speaks_for_job: true,
         peer_progress: peer.map(t),
     };
@@ -287,13 +292,14 @@ fn a_pod_that_never_prints_is_silent_not_stalled() {
     );
 }
 
-/// A rank-0-only job whose rank 0 stops printing: rank 0's own stall, the one stall
-/// the group restarts for.
+/// Per pod: a pod that printed and stopped is stalled, whatever the others do (the
+/// worker of asynchronous training that hangs alone).
 #[test]
-fn a_pod_that_printed_and_stopped_is_stalled() {
+fn per_pod_a_pod_that_printed_and_stopped_is_stalled() {
     let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
     let after = Duration::from_secs(5);
     let any = JobView {
+        scope: Scope::Pod,
         speaks_for_job: false,
         peer_progress: Some(t(100)),
     };
@@ -486,6 +492,7 @@ fn a_stall_is_due_when_the_check_at_that_moment_finds_it() {
     // A rank that speaks not for the job stays silent past its moment: a due in the
     // past, which exec does not wait for.
     let other = JobView {
+        scope: Scope::Job,
         speaks_for_job: false,
         peer_progress: None,
     };

@@ -1,8 +1,9 @@
 //! exec's stall watch as one value: the heartbeat file, CMD's CPU over the window, the
-//! stall rule ([`StallWatch`], [`judge`]: a CMD silent for `--stall-after` is stalled,
-//! busy or not; CPU use is reported, never taken for progress), the `Stalled` Event's
-//! note, and which peers' stalls a restart already answered. The agent feeds it the clock, CMD's
-//! CPU ticks, the peers' progress and the GPUs' utilization; it says what is news.
+//! stall rule ([`super::rule`]: a silence of `--stall-after` is a stall, busy or not;
+//! CPU use is reported, never taken for progress) with its scope and who speaks for
+//! the job, both from `cluster.json`, the `Stalled` Event's note, and which peers'
+//! stalls a restart already answered. The agent feeds it the clock, CMD's CPU ticks,
+//! the peers' progress and the GPUs' utilization; it says what is news.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,8 @@ use std::time::{Duration, SystemTime};
 
 use super::observation::ProgressObservation;
 use super::peers::{PeerStall, to_act_on};
-use super::progress::{Heartbeat, Progress, WatchConfig};
+use super::progress::{Heartbeat, Progress, Scope, WatchConfig};
+pub use super::rule::{JobView, StallKind, StallWatch, Standing, Transition, judge};
 use super::watch::Watch;
 use crate::time::to_ms as epoch_ms;
 
@@ -45,14 +47,24 @@ pub struct Watching {
     /// The peers' stalls known when CMD last restarted: the restart answered them.
     acted: Vec<PeerStall>,
     /// This pod tells when the job as a whole makes no progress
-    /// ([`crate::stall::progress::judge`]).
+    /// ([`super::rule::judge`]).
     speaks_for_job: bool,
+    /// Whose silence is a stall: `--stall-scope`, or what the cluster says.
+    scope: Scope,
 }
 
 impl Watching {
     pub fn new(cfg: &WatchConfig, cluster_file: Option<&Path>, now: SystemTime) -> Watching {
+        let cluster = cluster_file.map(crate::render::read_cluster_file);
+        let cluster = cluster.as_ref().and_then(|c| c.as_ref().ok());
         Watching {
-            speaks_for_job: speaks_for_job(cluster_file),
+            speaks_for_job: speaks_for_job(cluster),
+            scope: cfg.scope.unwrap_or_else(|| {
+                let types: Vec<&str> = cluster
+                    .map(|c| c.cluster.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                Scope::of(&types)
+            }),
             watch: Watch::new(cfg.pattern.clone()),
             stall: cfg.stall_after.map(|d| StallWatch::new(d, now)),
             heartbeat: cfg.heartbeat.clone(),
@@ -123,6 +135,7 @@ impl Watching {
         gpus: impl FnOnce() -> Vec<u32>,
     ) -> Option<News> {
         let job = JobView {
+            scope: self.scope,
             speaks_for_job: self.speaks_for_job,
             peer_progress,
         };
@@ -136,11 +149,17 @@ impl Watching {
                 self.last_stall = Some(anchor);
                 self.note = match kind {
                     StallKind::Own => stalled_note(silent, progress, cpu, &gpus),
-                    // Nothing of this run to quote: an earlier run's line would mislead.
-                    StallKind::Job => format!(
-                        "{}; no pod of the job made progress either",
-                        stalled_note(silent, &Progress::default(), cpu, &gpus)
-                    ),
+                    // Only this run's line to quote: an earlier run's would mislead.
+                    StallKind::Job => {
+                        let own = match progress.at {
+                            Some(at) if at > stall.since => progress,
+                            _ => &Progress::default(),
+                        };
+                        format!(
+                            "{}; no pod of the job made progress either",
+                            stalled_note(silent, own, cpu, &gpus)
+                        )
+                    }
                 };
                 Some(News::Stalled {
                     n,
@@ -206,174 +225,6 @@ impl Watching {
     }
 }
 
-// ---------------------------------------------------------------------------------
-// The stall rule, pure: silence, a stall of this pod or of the job, its note.
-
-/// A change of the stall state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// A stall ([`judge`]): the `n`th since exec started.
-    Stalled { n: u64, kind: StallKind },
-    /// Progress again after a stall (this pod's, or another pod's after a job stall).
-    Resumed,
-}
-
-/// What the job shows beyond this pod, for [`judge`]: in DDP, torchrun, DeepSpeed and
-/// Accelerate scripts only global rank 0 logs, and MPI workers run `sshd -D`, so a pod
-/// that never prints says nothing by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct JobView {
-    /// This pod speaks for the job's silence: it runs rank 0, or it knows of no other
-    /// pod (exec alone, a job of one). One pod, so that a job that is silent as a
-    /// whole is one stall, not one per pod.
-    pub speaks_for_job: bool,
-    /// The latest progress another pod of the job has published, where exec sees its
-    /// peers (its own watch, or the sidecar's `peers.json`).
-    pub peer_progress: Option<SystemTime>,
-}
-
-/// Which rule found a stall.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StallKind {
-    /// CMD made progress, then none for `--stall-after`.
-    Own,
-    /// No pod of the job made any progress for `--stall-after` (this pod speaks for
-    /// the job).
-    Job,
-}
-
-/// Where one run of CMD stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// Progress within `--stall-after`.
-    Progressing,
-    /// No progress since CMD started: published, but never a stall by itself.
-    Silent,
-    Stalled(StallKind),
-}
-
-/// The stall rule. A pod whose CMD made progress and then none for `after` is stalled
-/// (the rank that logs and stops). A pod whose CMD has shown no progress since it
-/// `started` is silent, which is no stall: the ranks that never print. The job as a
-/// whole is stalled when no pod of it made any progress for `after`: the pod that
-/// speaks for the job says so once its CMD has run that long and no other pod has
-/// published progress since it started (a pod that has is the one to tell its own
-/// stall, so one stall is never announced twice).
-///
-/// `last` is CMD's last progress in this run (none before `started`).
-pub fn judge(
-    started: SystemTime,
-    last: Option<SystemTime>,
-    after: Duration,
-    job: JobView,
-    now: SystemTime,
-) -> Standing {
-    let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
-    match last.filter(|at| *at > started) {
-        Some(at) if since(at) >= after => Standing::Stalled(StallKind::Own),
-        Some(_) => Standing::Progressing,
-        None if job.speaks_for_job
-            && job.peer_progress.is_none_or(|p| p <= started)
-            && since(started) >= after =>
-        {
-            Standing::Stalled(StallKind::Job)
-        }
-        None => Standing::Silent,
-    }
-}
-
-/// The stall state of one run of CMD.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StallWatch {
-    pub after: Duration,
-    /// When the watch (re)started: progress before it is no progress of this run.
-    pub since: SystemTime,
-    pub standing: Standing,
-    /// Stalls since exec started, over every run of CMD.
-    pub stalls: u64,
-    /// The last moment checked: a moment a stall would begin that is no later was
-    /// judged already, and is not due again.
-    pub judged: Option<SystemTime>,
-}
-
-impl StallWatch {
-    pub fn new(after: Duration, now: SystemTime) -> StallWatch {
-        StallWatch {
-            after,
-            since: now,
-            standing: Standing::Silent,
-            stalls: 0,
-            judged: None,
-        }
-    }
-
-    pub fn stalled(&self) -> bool {
-        matches!(self.standing, Standing::Stalled(_))
-    }
-
-    /// No progress in this run yet (a job stall is silent too).
-    pub fn silent(&self) -> bool {
-        matches!(
-            self.standing,
-            Standing::Silent | Standing::Stalled(StallKind::Job)
-        )
-    }
-
-    /// CMD started again: its silence counts from now.
-    pub fn restart(&mut self, now: SystemTime) {
-        self.since = now;
-        self.standing = Standing::Silent;
-    }
-
-    /// Since when CMD made no progress: the last progress, or the start when there was
-    /// none yet.
-    pub fn anchor(&self, progress: &Progress) -> SystemTime {
-        progress
-            .at
-            .filter(|at| *at > self.since)
-            .unwrap_or(self.since)
-    }
-
-    /// When a check could first find this run stalled if nothing happens before: its
-    /// last progress (or its start) plus `after`; none while it is stalled already,
-    /// nor when a check at or after that moment found no stall (a rank only silent).
-    /// exec checks then too, not only every `--interval`: a stall is seen when it
-    /// begins, not up to an interval later. The moment may be past already, and is
-    /// then due at once: progress that CMD printed just before the last check, seen
-    /// only after it, moves the moment, and exec may get to it late.
-    pub fn due(&self, progress: &Progress) -> Option<SystemTime> {
-        if self.stalled() {
-            return None;
-        }
-        self.anchor(progress)
-            .checked_add(self.after)
-            .filter(|due| self.judged.is_none_or(|j| *due > j))
-    }
-
-    /// What changed at `now`.
-    pub fn check(
-        &mut self,
-        progress: &Progress,
-        job: JobView,
-        now: SystemTime,
-    ) -> Option<Transition> {
-        let was = self.stalled();
-        self.judged = Some(now);
-        self.standing = judge(self.since, progress.at, self.after, job, now);
-        match (was, self.standing) {
-            (false, Standing::Stalled(kind)) => {
-                self.stalls = self.stalls.saturating_add(1);
-                Some(Transition::Stalled {
-                    n: self.stalls,
-                    kind,
-                })
-            }
-            (true, Standing::Progressing | Standing::Silent) => Some(Transition::Resumed),
-            _ => None,
-        }
-    }
-}
-
 /// The `Stalled` Event's text: how long, the last progress, and what CMD did
 /// meanwhile: its CPU use over the window, and the GPUs' utilization where NVML sees
 /// them. What was seen, not a guess at why.
@@ -424,10 +275,10 @@ fn mtime(path: &std::path::Path) -> Option<SystemTime> {
 
 /// Whether this pod speaks for the job's silence: it runs rank 0 of the resolved
 /// cluster, or there is no cluster of several pods it knows of (exec alone).
-fn speaks_for_job(cluster_file: Option<&Path>) -> bool {
-    match cluster_file.map(crate::render::read_cluster_file) {
-        Some(Ok(c)) => c.rank == Some(0) || (c.ranks.len() <= 1 && c.peers.len() <= 1),
-        _ => true,
+fn speaks_for_job(cluster: Option<&crate::render::ClusterFile>) -> bool {
+    match cluster {
+        Some(c) => c.rank == Some(0) || (c.ranks.len() <= 1 && c.peers.len() <= 1),
+        None => true,
     }
 }
 
@@ -478,6 +329,7 @@ mod tests {
             stall_after: Some(Duration::from_secs(5)),
             pattern: super::super::progress::Pattern::default(),
             heartbeat: None,
+            scope: None,
         };
         let mut w = Watching::new(&cfg, None, t0);
         let interval = Duration::from_secs(1);

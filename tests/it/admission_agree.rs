@@ -178,6 +178,7 @@ fn seeds(flag: &str) -> Vec<String> {
             .map(String::from)
             .to_vec(),
         "on-peer-change" | "on-stall" => choice(&["report", "restart", "exit"]),
+        "stall-scope" => choice(&["auto", "job", "pod"]),
         "max-restarts" => ["0", "3", "-1", "+3", "03", "1000000000"]
             .map(String::from)
             .to_vec(),
@@ -338,6 +339,7 @@ async fn the_policy_refuses_exactly_the_values_inject_refuses() {
         "restart-grace",
         "stall-after",
         "on-stall",
+        "stall-scope",
         "progress-pattern",
         "wrap",
     ];

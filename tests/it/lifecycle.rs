@@ -26,14 +26,14 @@ const CMD: [&str; 3] = [
 ];
 
 /// What a pod's CMD wrote at each start (the file `$STARTS` of [`CMD`]).
-struct Starts {
+pub(crate) struct Starts {
     pod: String,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 impl Starts {
     /// (the time it started, its TF_CONFIG), one per start.
-    fn read(&self) -> Vec<(f64, String)> {
+    pub(crate) fn read(&self) -> Vec<(f64, String)> {
         std::fs::read_to_string(&self.path)
             .unwrap_or_default()
             .lines()
@@ -128,7 +128,11 @@ fn unix_now() -> f64 {
 }
 
 /// The Warning Events about one pod, as (reason, note), oldest first.
-async fn warnings_of(client: &kube::Client, ns: &str, pod: &str) -> Vec<(String, String)> {
+pub(crate) async fn warnings_of(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+) -> Vec<(String, String)> {
     let mut v: Vec<_> = events(client, ns)
         .await
         .into_iter()
@@ -430,18 +434,18 @@ fn bad_peer_change_flags_exit_2_with_one_line() {
 
 /// One pod of the shipped layout (`inject --wrap`): init's files, the sidecar with the
 /// token, and exec without any credentials, handing over.
-struct HandoverPod {
-    sidecar: Reporter,
-    exec: Reporter,
+pub(crate) struct HandoverPod {
+    pub(crate) sidecar: Reporter,
+    pub(crate) exec: Reporter,
     files: PathBuf,
-    starts: Starts,
+    pub(crate) starts: Starts,
     _dir: tempfile::TempDir,
 }
 
 impl HandoverPod {
     /// Waits for `n` starts of CMD; on a timeout, fails with what exec and the
     /// sidecar logged, which is what tells why.
-    async fn wait(&self, n: usize) {
+    pub(crate) async fn wait(&self, n: usize) {
         if !self.starts.reached(n, Duration::from_secs(90)).await {
             panic!(
                 "timed out after 90s waiting for {n} starts of CMD in pod {} (started {}); exec logged:\n{}\nthe sidecar logged:\n{}",
@@ -456,14 +460,14 @@ impl HandoverPod {
 
 /// The directories of one pod of the shipped layout: init's volume, the observation
 /// handover and the training container's home.
-struct HandoverDirs {
-    dir: tempfile::TempDir,
+pub(crate) struct HandoverDirs {
+    pub(crate) dir: tempfile::TempDir,
     files: PathBuf,
     observed: PathBuf,
     home: PathBuf,
 }
 
-fn handover_dirs() -> HandoverDirs {
+pub(crate) fn handover_dirs() -> HandoverDirs {
     let dir = tempfile::tempdir().unwrap();
     let (files, observed, home) = (
         dir.path().join("trainlet"),
@@ -482,7 +486,7 @@ fn handover_dirs() -> HandoverDirs {
 }
 
 /// The pod's `trainlet init`, into `dirs.files`.
-fn handover_init(
+pub(crate) fn handover_init(
     kc: &Path,
     ns: &str,
     pod: &str,
@@ -517,7 +521,7 @@ fn start_handover_containers(
 /// [`start_handover_containers`] with exec's lifecycle flags and CMD given. CMD's
 /// environment has `$STARTS` and `$HANG` (a file beside it, which no one makes unless a
 /// test does).
-fn start_handover_with(
+pub(crate) fn start_handover_with(
     kc: &Path,
     ns: &str,
     pod: &str,
@@ -973,24 +977,25 @@ done"#,
 ];
 
 /// A Job of 3 pods in the shipped layout, each running [`TICKING`] under
-/// `--stall-after stall_after --on-stall restart`, in a new namespace `prefix-…` with pod IPs
-/// 10.9.`subnet`.10-12; each pod's CMD starts after the one before it is up. The pods
-/// `hung` hang from their first moment (in their first run); the pods `silent` never
-/// print.
+/// `--stall-after stall_after --on-stall restart` and `extra`, in a new namespace
+/// `prefix-…` with pod IPs 10.9.`subnet`.10-12; each pod's CMD starts after the one
+/// before it is up. The pods `hung` hang from their first moment (in their first run);
+/// the pods `silent` never print.
 async fn stall_restart_job(
     client: &kube::Client,
     prefix: &str,
     subnet: u8,
-    hung: &[usize],
-    silent: &[usize],
+    (hung, silent): (&[usize], &[usize]),
     stall_after: &str,
+    extra: &[&str],
 ) -> (String, Vec<String>, Vec<HandoverPod>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (ns, kc) = rbac_namespace(client, prefix, dir.path()).await;
     indexed_job(client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
     let port = free_port();
     let names = run_job_pods(client, &ns, "w", 3, |i| format!("10.9.{subnet}.{}", 10 + i)).await;
-    let flags = ["--stall-after", stall_after, "--on-stall", "restart"];
+    let mut flags = vec!["--stall-after", stall_after, "--on-stall", "restart"];
+    flags.extend_from_slice(extra);
     let mut pods = Vec::new();
     for (i, p) in names.iter().enumerate() {
         let dirs = handover_dirs();
@@ -1039,7 +1044,7 @@ async fn progress_past_the_restart(
 }
 
 /// The notes of the `Restarting` Events among `warnings`.
-fn restarting(warnings: &[(String, String)]) -> Vec<String> {
+pub(crate) fn restarting(warnings: &[(String, String)]) -> Vec<String> {
     warnings
         .iter()
         .filter(|(r, _)| r == "Restarting")
@@ -1047,16 +1052,24 @@ fn restarting(warnings: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
-/// The stall watch in the shipped layout (exec without credentials): pod 1's CMD goes
-/// silent; its exec hands the stall to its sidecar, which publishes it
-/// (`trainlet.io/progress`, the `Stalled` Event); the other pods' sidecars see it on
-/// the peer pod and tell their exec through peers.json; every pod's CMD restarts
-/// exactly once.
+/// The stall watch in the shipped layout (exec without credentials), per pod
+/// (`--stall-scope pod`: the pods print on their own and wait for no collective): pod
+/// 1's CMD goes silent while the others print; its exec hands the stall to its
+/// sidecar, which publishes it (`trainlet.io/progress`, the `Stalled` Event); the
+/// other pods' sidecars see it on the peer pod and tell their exec through
+/// peers.json; every pod's CMD restarts exactly once.
 #[tokio::test]
 async fn without_credentials_a_stall_in_one_pod_restarts_every_pods_command_once() {
     let client = admin().await;
-    let (ns, names, pods, _dir) =
-        stall_restart_job(&client, "handover-stall", 6, &[], &[], "2s").await;
+    let (ns, names, pods, _dir) = stall_restart_job(
+        &client,
+        "handover-stall",
+        6,
+        (&[], &[]),
+        "2s",
+        &["--stall-scope", "pod"],
+    )
+    .await;
     // Published, not stalled, by every sidecar.
     for name in &names {
         eventually(
@@ -1181,7 +1194,7 @@ async fn without_credentials_a_job_hung_from_its_start_restarts_every_pods_comma
     let (ns, names, pods, _dir) =
         // 5 s: every pod's CMD has started before rank 0's stall (each starts after
         // the one before it is up).
-        stall_restart_job(&client, "handover-early-stall", 7, &[0, 1, 2], &[], "5s").await;
+        stall_restart_job(&client, "handover-early-stall", 7, (&[0, 1, 2], &[]), "5s", &[]).await;
     for p in &pods {
         p.wait(2).await;
     }
@@ -1227,7 +1240,7 @@ async fn without_credentials_ranks_that_never_print_are_silent_and_rank_0s_stall
 {
     let client = admin().await;
     let (ns, names, pods, _dir) =
-        stall_restart_job(&client, "handover-silent", 8, &[], &[1, 2], "2s").await;
+        stall_restart_job(&client, "handover-silent", 8, (&[], &[1, 2]), "2s", &[]).await;
     let last_start = std::time::SystemTime::now();
     // Rank 0 logs on, three windows of --stall-after past the last pod's start.
     let progressed_until = |until: std::time::SystemTime| {

@@ -29,6 +29,10 @@ async fn a_hung_pod_is_stalled_published_and_restarts_every_pods_command_once() 
         "10s",
         "--on-stall",
         "restart",
+        // The pods print on their own and wait for no collective: a pod's silence is
+        // its stall while the others go on.
+        "--stall-scope",
+        "pod",
         "--progress-pattern",
         r"step (\d+)",
     ];
@@ -42,6 +46,7 @@ async fn a_hung_pod_is_stalled_published_and_restarts_every_pods_command_once() 
                 "--report",
                 "--stall-after=10s",
                 "--on-stall=restart",
+                "--stall-scope=pod",
                 r"--progress-pattern=step (\d+)",
                 "--",
                 "sh",

@@ -13,13 +13,15 @@ use crate::report_support::*;
 use crate::support::*;
 
 /// A sidecar on pod `train-0` (created from `spec`, running) with the fake NVML
-/// configured by `env`; its event file and fault file are in the returned directory.
+/// configured by `env`; its event file, fault file and lost file (absent until a test
+/// writes it) are in the returned directory.
 struct Nvml {
     client: kube::Client,
     ns: String,
     r: Reporter,
     events: PathBuf,
     faults: PathBuf,
+    lost: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -31,6 +33,7 @@ async fn sidecar(spec: PodSpec, env: &[(&str, &str)], events_before: &str) -> Nv
     Kubelet::new(&client, &ns).run("train-0", "10.1.0.7").await;
     let events = dir.path().join("nvml-events");
     let faults = dir.path().join("nvml-faults");
+    let lost = dir.path().join("nvml-lost");
     std::fs::write(&events, events_before).unwrap();
     std::fs::write(&faults, "").unwrap();
     let lib = fake_nvml();
@@ -38,7 +41,8 @@ async fn sidecar(spec: PodSpec, env: &[(&str, &str)], events_before: &str) -> Nv
     cmd.env("FAKE_NVML_COUNT", "4")
         .env("FAKE_NVML_NAMES", "Fake GPU")
         .env("FAKE_NVML_EVENTS", &events)
-        .env("FAKE_NVML_FAULTS", &faults);
+        .env("FAKE_NVML_FAULTS", &faults)
+        .env("FAKE_NVML_LOST", &lost);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -48,6 +52,7 @@ async fn sidecar(spec: PodSpec, env: &[(&str, &str)], events_before: &str) -> Nv
         r: Reporter::start(cmd),
         events,
         faults,
+        lost,
         _dir: dir,
     }
 }
@@ -208,6 +213,51 @@ async fn registration_not_supported_leaves_polling_and_says_so_once() {
     );
     assert_eq!(count_warnings(&n.client, &n.ns, "GPUXidError").await, 0);
     assert_eq!(said_unwatched(&n.r), 1, "{}", n.r.stderr());
+}
+
+/// NVML fails as a whole after it worked (the count itself answers "GPU is lost", as
+/// "Failed to initialize NVML: Unknown Error" does once a container's device nodes are
+/// gone) and no event watch tells it (registration not supported): the sidecar's
+/// polling announces the loss, and NVML unavailable against the limit. GPUs it showed
+/// are its own, so the count is no `unknown`: before, a probe that showed none made
+/// the sidecar say `unknown` and announce nothing, and the same happened with the
+/// event watch whenever the probe saw the loss first.
+#[tokio::test]
+async fn gpus_nvml_stops_answering_for_are_lost_not_unknown() {
+    let n = sidecar(
+        pod("train-0").gpus(4),
+        &[("FAKE_NVML_REGISTER_FAIL", "3")],
+        "",
+    )
+    .await;
+    // Registered (none): the event thread has ended, only polling sees what follows.
+    n.registered().await;
+    wait_annotation(&n.client, &n.ns, "train-0", "trainlet.io/health", "ok").await;
+    std::fs::write(&n.lost, "").unwrap();
+    let why = "query failed: device fell off the bus or has otherwise become inacessible";
+    let lost = format!("container trainer saw 4 GPUs and now sees 0 (NVML: unavailable: {why})");
+    let unavailable = format!(
+        "container trainer expects 4 GPUs (resources.limits[\"nvidia.com/gpu\"]) but NVML is unavailable: {why}"
+    );
+    assert_eq!(wait_warning(&n.client, &n.ns, "GPULost").await, lost);
+    n.wait_count("0").await;
+    let a = annotations(&n.client, &n.ns, "train-0").await;
+    assert_eq!(a["trainlet.io/health"], "degraded");
+    let report: Value = serde_json::from_str(&a["trainlet.io/report"]).unwrap();
+    assert_eq!(report["gpu"]["status"], "unavailable");
+    assert_eq!(report["gpu"]["unknown"], Value::Null);
+    assert_eq!(report["gpu"]["lost"], lost);
+    assert_eq!(report["reasons"], json!([unavailable, lost]));
+    let text = n.r.metrics().await;
+    assert_eq!(metric(&text, "trainlet_gpus"), Some(0.0));
+    assert_eq!(metric(&text, "trainlet_health"), Some(0.0));
+    assert_eq!(
+        warnings(&n.client, &n.ns).await,
+        vec![
+            ("GPULost".to_string(), lost),
+            ("GPUUnavailable".to_string(), unavailable),
+        ]
+    );
 }
 
 /// NVML refuses one GPU (NVML_ERROR_NO_PERMISSION): the others are still watched.

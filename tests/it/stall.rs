@@ -7,7 +7,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::frameworks::fixture;
+use crate::lifecycle::{
+    HandoverPod, handover_dirs, handover_init, restarting, start_handover_with, warnings_of,
+};
 use crate::report_support::{annotations, http_get, metric};
+use crate::support::jobs::{indexed_job, run_job_pods};
 use crate::support::*;
 
 /// Three pods, each `trainlet exec --report` with credentials, running
@@ -137,15 +141,18 @@ fn progress(a: &BTreeMap<String, String>) -> serde_json::Value {
 }
 
 /// Rank 2 hangs in its first run; the others wait for it in the all-reduce but look
-/// alive (their heartbeat goes on). Rank 2's exec sees no progress for 5 s, publishes
-/// the stall and restarts its CMD; the others learn of it from rank 2's
-/// `trainlet.io/progress` and restart theirs once, so the three form the group again
-/// and the second run completes.
+/// alive (their heartbeat goes on, from a process apart from the training loop).
+/// Job-wide that is progress of the job; per pod (`--stall-scope pod`) rank 2's exec
+/// sees no progress for 5 s, publishes the stall and restarts its CMD; the others
+/// learn of it from rank 2's `trainlet.io/progress` and restart theirs once, so the
+/// three form the group again and the second run completes.
 #[tokio::test]
 async fn a_stalled_rank_restarts_every_pods_command_once() {
     let flags = [
         "--stall-after",
         "5s",
+        "--stall-scope",
+        "pod",
         "--on-stall",
         "restart",
         "--progress-pattern",
@@ -240,11 +247,19 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
     }
 }
 
-/// `--on-stall report`: rank 2 hangs for 12 s once; its stall is published and cleared
-/// again when it goes on, and nothing restarts.
+/// `--on-stall report`, per pod (the others' heartbeat goes on): rank 2 hangs for 12 s
+/// once; its stall is published and cleared again when it goes on, and nothing
+/// restarts.
 #[tokio::test]
 async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
-    let flags = ["--stall-after", "5s", "--progress-pattern", r"step (\d+)"];
+    let flags = [
+        "--stall-after",
+        "5s",
+        "--stall-scope",
+        "pod",
+        "--progress-pattern",
+        r"step (\d+)",
+    ];
     let job = require!(start(22, "12", &flags).await);
     let client = admin().await;
     eventually("w-2 stalled", Duration::from_secs(120), || async {
@@ -715,4 +730,170 @@ fn the_private_heartbeat_directory_is_0700_and_removed_when_exec_exits() {
     );
     assert_eq!(lines[1], "700");
     assert_eq!(list_dir(tmp.path()), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------
+// The stall scope in the shipped layout (exec without credentials, a sidecar with
+// them), on a Job of two pods: a rank quiet while another progresses is no stall
+// (job-wide, the default); a hang of every rank is one.
+
+/// What torchrun prints in every pod when `--nproc-per-node` is above 1.
+const OMP_WARNING: &str = "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed.";
+
+/// Rank 0's CMD: its start in `$STARTS`, a line every 0.5 s until pod 1 has printed
+/// its warning (the file `warned`, however late pod 1 starts), then `steps` lines
+/// `step N` 0.5 s apart; in its first run, where `$HANG` exists, it then hangs
+/// silently; else it ends (0).
+fn rank_0_cmd(steps: u32, warned: &std::path::Path) -> String {
+    format!(
+        r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
+while [ ! -e '{}' ]; do echo "warming up"; sleep 0.5; done
+i=0; while [ $i -lt {steps} ]; do echo "step $i"; i=$((i+1)); sleep 0.5; done
+if [ "$(wc -l < "$STARTS")" -eq 1 ] && [ -e "$HANG" ]; then exec sleep 600; fi"#,
+        warned.display()
+    )
+}
+
+/// Pod 1's CMD: its start, torchrun's warning on stderr (then the file `warned`), then
+/// `quiet` seconds of silence and the end (0); in its first run, where `$HANG` exists,
+/// silence for good.
+fn quiet_cmd(quiet: u32, warned: &std::path::Path) -> String {
+    format!(
+        r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"
+echo '{OMP_WARNING}' >&2
+touch '{}'
+if [ "$(wc -l < "$STARTS")" -eq 1 ] && [ -e "$HANG" ]; then exec sleep 600; fi
+exec sleep {quiet}"#,
+        warned.display()
+    )
+}
+
+/// A Job of two pods in the shipped layout under `--stall-after 3s --on-stall restart`
+/// (the default scope): pod 0 runs [`rank_0_cmd`] with `steps`, pod 1 [`quiet_cmd`]
+/// with `quiet`, with `$HANG` made where `hang`; pod 1's CMD starts once pod 0's is up.
+async fn two_pods(
+    client: &kube::Client,
+    prefix: &str,
+    subnet: u8,
+    (steps, quiet): (u32, u32),
+    hang: bool,
+) -> (String, Vec<String>, Vec<HandoverPod>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let warned = dir.path().join("warned");
+    let cmds = [rank_0_cmd(steps, &warned), quiet_cmd(quiet, &warned)];
+    let (ns, kc) = rbac_namespace(client, prefix, dir.path()).await;
+    indexed_job(client, &ns, "w", 2, "app=w", serde_json::json!({})).await;
+    let port = free_port();
+    let names = run_job_pods(client, &ns, "w", 2, |i| format!("10.9.{subnet}.{}", 10 + i)).await;
+    let flags = ["--stall-after", "3s", "--on-stall", "restart"];
+    let mut pods = Vec::new();
+    for (name, cmd) in names.iter().zip(&cmds) {
+        let dirs = handover_dirs();
+        let r = run(&mut handover_init(&kc, &ns, name, &dirs, port, &[]));
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        if hang {
+            std::fs::write(dirs.dir.path().join("hang"), "").unwrap();
+        }
+        let mut pod = start_handover_with(&kc, &ns, name, dirs, &flags, &["sh", "-c", cmd]);
+        pod.wait(1).await;
+        // A CMD that ended before the test looked would say nothing of the window.
+        assert!(pod.exec.alive(), "{name}: {}", pod.exec.stderr());
+        pods.push(pod);
+    }
+    (ns, names, pods, dir)
+}
+
+/// The sidecar's counter `series` of exec's, once it reads `want`.
+async fn sidecar_counts(pod: &HandoverPod, name: &str, series: &str, want: f64) {
+    eventually(
+        &format!("{name}'s {series} {want}"),
+        Duration::from_secs(30),
+        || async { (metric(&pod.sidecar.metrics().await, series) == Some(want)).then_some(()) },
+    )
+    .await;
+}
+
+/// The issue's healthy torchrun job: pod 1 prints torchrun's start-up warning and is
+/// quiet for 10 s while rank 0 prints a step every 0.5 s for 10 s after it. Pod 1 is silent
+/// (published), never stalled; nothing restarts and both commands end 0. (Before,
+/// pod 1 was stalled 3 s after its warning and the group restarted for it, up to
+/// exit 8.)
+#[tokio::test]
+async fn without_credentials_a_pod_quiet_after_a_warning_is_silent_while_rank_0_progresses() {
+    let client = admin().await;
+    let (ns, names, mut pods, _dir) = two_pods(&client, "scope-quiet", 11, (20, 10), false).await;
+    // Quiet for --stall-after while rank 0 goes on: silent, not stalled.
+    eventually("pod 1 silent", Duration::from_secs(30), || async {
+        let a = annotations(&client, &ns, &names[1]).await;
+        let p: serde_json::Value = serde_json::from_str(a.get("trainlet.io/progress")?).ok()?;
+        (p["silent"] == true && p["stalled"] == false).then_some(())
+    })
+    .await;
+    for (p, name) in pods.iter_mut().zip(&names) {
+        let (code, _) = p.exec.wait(Duration::from_secs(60));
+        assert_eq!(code, 0, "{name}: {}", p.exec.stderr());
+        assert_eq!(p.starts.read().len(), 1, "{name}");
+        sidecar_counts(p, name, "trainlet_stalls_total", 0.0).await;
+        sidecar_counts(p, name, "trainlet_restarts_total", 0.0).await;
+        let w = warnings_of(&client, &ns, name).await;
+        assert_eq!(w, Vec::<(String, String)>::new(), "{name}");
+        let a = progress(&annotations(&client, &ns, name).await);
+        assert_eq!(
+            (&a["stalled"], &a["stalls"]),
+            (&false.into(), &0.into()),
+            "{name}: {a}"
+        );
+    }
+    delete_namespace(&client, &ns).await;
+}
+
+/// The same job hangs as a whole in its first run: rank 0 stops after `step 7`, pod 1
+/// is quiet since its warning. Rank 0's pod tells the stall once (its own: its step
+/// was the job's last progress), every pod's CMD restarts once for it, and the second
+/// run ends 0 in both.
+#[tokio::test]
+async fn without_credentials_a_job_wide_hang_restarts_every_pods_command_once() {
+    let client = admin().await;
+    let (ns, names, mut pods, _dir) = two_pods(&client, "scope-hang", 12, (8, 6), true).await;
+    for (p, name) in pods.iter_mut().zip(&names) {
+        let (code, _) = p.exec.wait(Duration::from_secs(90));
+        assert_eq!(code, 0, "{name}: {}", p.exec.stderr());
+        assert_eq!(p.starts.read().len(), 2, "{name}");
+        sidecar_counts(p, name, "trainlet_restarts_total", 1.0).await;
+        let stalls = if name == &names[0] { 1.0 } else { 0.0 };
+        sidecar_counts(p, name, "trainlet_stalls_total", stalls).await;
+    }
+    let w0 = eventually("rank 0's Restarting", Duration::from_secs(30), || async {
+        let w = warnings_of(&client, &ns, &names[0]).await;
+        (!restarting(&w).is_empty()).then_some(w)
+    })
+    .await;
+    let stalled: Vec<&str> = w0
+        .iter()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(stalled.len(), 1, "{w0:?}");
+    let cpu = stalled[0]
+        .strip_prefix("no progress for 3s; last output \"step 7\"; CMD used ")
+        .and_then(|rest| rest.strip_suffix("% of a core over the window"))
+        .unwrap_or_else(|| panic!("{}", stalled[0]));
+    assert!(cpu.parse::<f64>().is_ok(), "{}", stalled[0]);
+    assert_eq!(
+        restarting(&w0),
+        ["restarting sh (1 of 3) in 1s: main made no progress for 3s"]
+    );
+    let w1 = eventually("pod 1's Restarting", Duration::from_secs(30), || async {
+        let w = warnings_of(&client, &ns, &names[1]).await;
+        (!restarting(&w).is_empty()).then_some(w)
+    })
+    .await;
+    assert!(w1.iter().all(|(r, _)| r != "Stalled"), "{w1:?}");
+    let notes = restarting(&w1);
+    let want = format!(
+        "restarting sh (1 of 3) in 1s: pod {} made no progress since ",
+        names[0]
+    );
+    assert!(notes.len() == 1 && notes[0].starts_with(&want), "{notes:?}");
+    delete_namespace(&client, &ns).await;
 }

@@ -373,6 +373,11 @@ fn settings(install_to: &str) -> Settings {
             Some(defaults::ON_STALL.name()),
             Rule::Choice(&["report", "restart", "exit"]),
         ),
+        value(
+            f::STALL_SCOPE,
+            Some(defaults::STALL_SCOPE.name()),
+            Rule::Choice(&["auto", "job", "pod"]),
+        ),
         value(f::PROGRESS_PATTERN, None, Rule::Pattern),
     ];
     Settings {
@@ -407,6 +412,12 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
     }
     if stall.on_stall != defaults::ON_STALL {
         args.push(flags::with_value(flags::ON_STALL, stall.on_stall.name()));
+    }
+    if stall.stall_scope != defaults::STALL_SCOPE {
+        args.push(flags::with_value(
+            flags::STALL_SCOPE,
+            stall.stall_scope.name(),
+        ));
     }
     if let Some(p) = &stall.progress_pattern {
         args.push(flags::with_value(flags::PROGRESS_PATTERN, p));

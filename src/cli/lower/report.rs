@@ -198,6 +198,7 @@ pub fn progress_watch(a: &StallArgs) -> Result<Option<WatchConfig>, Failure> {
             stall_after,
             pattern,
             heartbeat: None,
+            scope: a.stall_scope.into(),
         }),
     )
 }
@@ -232,6 +233,7 @@ mod tests {
             progress_watch(&StallArgs {
                 stall_after: Some(d.into()),
                 on_stall: defaults::ON_STALL,
+                stall_scope: defaults::STALL_SCOPE,
                 progress_pattern: None,
             })
             .map(|w| w.and_then(|w| w.stall_after))

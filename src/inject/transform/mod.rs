@@ -48,12 +48,13 @@ pub const UID: i64 = 65532;
 /// The flags inject writes into the wrapped container's `trainlet exec` after
 /// `--report`, as `--flag=value`, in this order: how a wrapper an earlier inject wrote
 /// is told from the user's own.
-pub const EXEC_FLAGS: [&str; 6] = [
+pub const EXEC_FLAGS: [&str; 7] = [
     crate::flags::ON_PEER_CHANGE,
     crate::flags::MAX_RESTARTS,
     crate::flags::RESTART_GRACE,
     crate::flags::STALL_AFTER,
     crate::flags::ON_STALL,
+    crate::flags::STALL_SCOPE,
     crate::flags::PROGRESS_PATTERN,
 ];
 
