@@ -1,7 +1,7 @@
 //! After the start: the sidecar watches the peers of the cluster `trainlet init`
-//! resolved (cluster.json) and says when a task's pod is lost or replaced at another
-//! address. The real Job controller replaces the deleted pod 1; the test plays the
-//! scheduler and the kubelet (the pods' IPs).
+//! resolved (cluster.json) and says when a task's pod is lost or replaced (another pod,
+//! whatever its address), and not when it Succeeded. The real Job controller replaces
+//! the deleted pod 1; the test plays the scheduler and the kubelet (the pods' IPs).
 
 use std::time::Duration;
 
