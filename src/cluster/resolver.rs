@@ -103,15 +103,18 @@ impl Resolver {
                 .as_ref()
                 .is_some_and(|l| job.selectors.iter().any(|s| s.matches(l)))
         };
+        // Only where a pod finished: the usual assessment of a job of thousands, on
+        // every batch of events, makes no slot strings.
+        let any_finished = with_finished && pods.iter().any(|p| is_finished(p));
         let held: BTreeSet<String> = pods
             .iter()
-            .filter(|p| is_live(p) && of_job(p))
+            .filter(|p| any_finished && is_live(p) && of_job(p))
             .map(|p| super::drift::slot(&p.metadata))
             .collect();
         let mut done = BTreeSet::new();
         let mut counts = |p: &PeerPod| {
             is_live(p)
-                || (with_finished
+                || (any_finished
                     && completed_slot(p).is_some_and(|s| !held.contains(&s) && done.insert(s)))
         };
         let mut seen = BTreeSet::new();
