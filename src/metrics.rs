@@ -290,7 +290,7 @@ impl Metrics {
         );
         registry.register(
             "cluster_stale",
-            "1 while a task of the cluster this pod was given is lost or at another address (the peer watch), else 0",
+            "1 while a task of the cluster this pod was given is lost or held by another pod (the peer watch), else 0",
             m.cluster_stale.clone(),
         );
         registry.register(

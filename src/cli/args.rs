@@ -389,8 +389,10 @@ pub struct ExecArgs {
     #[command(flatten)]
     pub report_args: ReportArgs,
 
-    /// What to do when a peer of the resolved cluster is lost or replaced at another
-    /// address after the start (exec watches the peers of cluster.json itself with API
+    /// What to do when a peer of the resolved cluster is lost (its pod deleted or Failed,
+    /// and no replacement with an address) or replaced (another pod holds its Job index
+    /// or StatefulSet name, whatever its address) after the start; a peer that Succeeded
+    /// is neither (exec watches the peers of cluster.json itself with API
     /// credentials; with --observations the trainlet sidecar watches and tells it through
     /// peers.json). `report`: PeerLost/PeerReplaced Events, trainlet.io/cluster
     /// `stale: …`, health degraded; CMD runs on. `restart`: stop CMD (SIGTERM, then
@@ -506,8 +508,10 @@ pub struct SidecarArgs {
     pub cgroup_root: Option<PathBuf>,
 
     /// The cluster.json of trainlet-init: after the start, the sidecar watches the pods
-    /// of the job types it was resolved from and reports a peer lost or replaced at
-    /// another address (PeerLost, PeerReplaced, trainlet.io/cluster, degraded). Used
+    /// of the job types it was resolved from and reports a peer lost (its pod deleted or
+    /// Failed, and no replacement with an address) or replaced (another pod holds its Job
+    /// index or StatefulSet name, whatever its address; a Succeeded peer is neither):
+    /// PeerLost, PeerReplaced, trainlet.io/cluster, degraded. Used
     /// when the file exists; `off` turns the watch off. Default: cluster.json in the
     /// default --output-dir of init (/etc/trainlet).
     #[arg(long = flags::CLUSTER_FILE, env = "TRAINLET_CLUSTER_FILE", value_name = "PATH")]

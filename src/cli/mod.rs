@@ -88,8 +88,10 @@ pub enum Command {
     Resolve(ResolveArgs),
     /// Print the address of one task, e.g. grpc://10.0.0.6:8470 (TensorFlow's master()).
     Master(MasterArgs),
-    /// Run a command with TF_CONFIG set: reuse <output-dir>/tf_config.json or run init
-    /// first, then replace this process with the command (or supervise it with --report).
+    /// Run a command with the cluster's variables set (TF_CONFIG and those of the
+    /// frameworks in trainlet.env: MASTER_ADDR, RANK, JAX's, MPI's): reuse
+    /// <output-dir>/tf_config.json or run init first, then replace this process with the
+    /// command (or supervise it with --report).
     /// The command gets PYTHONUNBUFFERED=1 unless the container sets it, as Kubeflow's
     /// operators do: Python holds back what it writes to a pipe.
     Exec(ExecArgs),

@@ -68,6 +68,14 @@ pub fn is_live(pod: &PeerPod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase(pod), "Succeeded" | "Failed")
 }
 
+/// A pod that finished its part: Succeeded, and not being deleted. In an Indexed Job it
+/// completed its index, which the Job controller never runs again: a pod that starts
+/// later (a slow node, a late replacement) counts it as the task it was rather than
+/// wait for a pod that will never come ([`super::Resolver::members`]).
+pub fn is_finished(pod: &PeerPod) -> bool {
+    pod.metadata.deletion_timestamp.is_none() && phase(pod) == "Succeeded"
+}
+
 /// The pod's phase; `Pending` until the kubelet writes one.
 pub fn phase(pod: &PeerPod) -> &str {
     pod.status
@@ -83,12 +91,14 @@ pub fn phase(pod: &PeerPod) -> &str {
 /// trainlet usable as an init container at all: every pod of the job sits in its own
 /// `trainlet init` at the same time, Pending with a pod IP, and requiring Running would
 /// deadlock them all. A pod that has no IP yet, is unschedulable or pulls images does
-/// not count.
+/// not count. A Succeeded pod (one the resolver counts: [`is_finished`]) is ready at its
+/// last address, and never Ready: its Ready condition went False when it completed.
 pub fn readiness(pod: &PeerPod, mode: ReadyMode, address: AddressMode) -> Result<(), String> {
     let status = pod.status.as_ref();
     let phase = phase(pod);
     let in_init = phase == "Pending" && status.is_some_and(|s| s.init_running);
-    if phase != "Running" && !in_init {
+    let finished = phase == "Succeeded";
+    if phase != "Running" && !in_init && !finished {
         return Err(format!("is {phase}{}", reason_suffix(pod)));
     }
     let has_ip = match address {
@@ -108,7 +118,7 @@ pub fn readiness(pod: &PeerPod, mode: ReadyMode, address: AddressMode) -> Result
         };
         return Err(format!("is {phase} but has no {which} yet"));
     }
-    if mode == ReadyMode::Ready {
+    if mode == ReadyMode::Ready && !finished {
         match status.and_then(|s| s.ready.as_ref()) {
             Some(c) if c.status == "True" => {}
             Some(c) => {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::readiness::{Assessment, Shortfall, is_live, readiness};
+use super::readiness::{Assessment, Shortfall, is_finished, is_live, readiness};
 use super::selector::SelectorExt;
 use super::slim::PeerPod;
 use super::{AddressMode, Cluster, ClusterError, Job, OrderMode, Peer, ReadyMode, Task};
@@ -81,21 +81,50 @@ impl Resolver {
             .unwrap_or(self.port)
     }
 
-    /// The ordered live pods of one job: each selector's matches in turn, ordered within
+    /// The ordered members of one job: each selector's matches in turn, ordered within
     /// the selector, a pod that several selectors match counted once.
-    fn members<'p>(
+    ///
+    /// A member is a live pod or, `with_finished`, a pod that completed its index of an
+    /// Indexed Job ([`completed_slot`]) where no live pod of the job holds that index:
+    /// the Job controller runs a completed index no more, so a pod that starts after
+    /// its peer finished would otherwise wait for it until `--timeout`. Where a live pod
+    /// holds the index (a Job made again under the same name), the finished one is the
+    /// past and does not count. Elastic jobs leave finished pods out: they join no
+    /// rendezvous.
+    pub fn members<'p>(
         &self,
         job: &Job,
         pods: &[&'p PeerPod],
+        with_finished: bool,
     ) -> Result<Vec<&'p PeerPod>, ClusterError> {
+        let of_job = |p: &PeerPod| {
+            p.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| job.selectors.iter().any(|s| s.matches(l)))
+        };
+        // Only where a pod finished: the usual assessment of a job of thousands, on
+        // every batch of events, makes no slot strings.
+        let any_finished = with_finished && pods.iter().any(|p| is_finished(p));
+        let held: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| any_finished && is_live(p) && of_job(p))
+            .map(|p| super::drift::slot(&p.metadata))
+            .collect();
+        let mut done = BTreeSet::new();
+        let mut counts = |p: &PeerPod| {
+            is_live(p)
+                || (any_finished
+                    && completed_slot(p).is_some_and(|s| !held.contains(&s) && done.insert(s)))
+        };
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
         for sel in &job.selectors {
             let mut group: Vec<&PeerPod> = pods
                 .iter()
                 .copied()
-                .filter(|p| is_live(p))
                 .filter(|p| p.metadata.labels.as_ref().is_some_and(|l| sel.matches(l)))
+                .filter(|p| counts(p))
                 .filter(|p| seen.insert(uid(p)))
                 .collect();
             self.sort(&mut group)?;
@@ -158,7 +187,7 @@ impl Resolver {
         let mut shortfalls = Vec::new();
         let mut owner_type: BTreeMap<&str, &str> = BTreeMap::new();
         for job in &self.jobs {
-            let members = self.members(job, pods)?;
+            let members = self.members(job, pods, true)?;
             for p in &members {
                 if let Some(other) = owner_type.insert(uid(p), &job.task_type) {
                     return Err(ClusterError::Inconsistent(format!(
@@ -222,7 +251,7 @@ impl Resolver {
         let mut shortfalls = Vec::new();
         let mut ready_total = 0;
         for job in &self.jobs {
-            let members = self.members(job, pods)?;
+            let members = self.members(job, pods, false)?;
             let (ready, not_ready): (Vec<&PeerPod>, Vec<&PeerPod>) = members
                 .iter()
                 .partition(|p| readiness(p, self.ready, self.address).is_ok());
@@ -268,11 +297,13 @@ impl Resolver {
             node: p.node_name.clone(),
             uid: uid(p).to_string(),
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            // What its DNS name must resolve to; a finished pod's record went with its
+            // endpoint, and nobody need wait for it.
             pod_ip: p
                 .status
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
-                .filter(|ip| !ip.is_empty()),
+                .filter(|ip| !ip.is_empty() && !is_finished(p)),
             slot: super::drift::slot(&p.metadata),
             past_init: matches!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -346,6 +377,14 @@ impl Resolver {
             jobs: jobs.join("; "),
         }
     }
+}
+
+/// The slot of a pod that completed its index of an Indexed Job (its Job's name and
+/// completion index): `None` for a pod that did not finish, or finished elsewhere (a
+/// pod of a StatefulSet or of a Job without indexes, whose part no index names).
+fn completed_slot(p: &PeerPod) -> Option<String> {
+    let slot = super::drift::slot(&p.metadata);
+    (is_finished(p) && slot.starts_with("job/")).then_some(slot)
 }
 
 fn uid(p: &PeerPod) -> &str {

@@ -344,3 +344,155 @@ fn jobset_pods_order_by_job_then_index() {
         )
     );
 }
+
+/// A pod of an Indexed Job, its index as the Job controller labels it.
+fn indexed(name: &str, index: &str) -> Pod {
+    pod(
+        name,
+        &[
+            ("app", "w"),
+            ("batch.kubernetes.io/job-name", "w"),
+            ("batch.kubernetes.io/job-completion-index", index),
+        ],
+    )
+}
+
+fn with_phase(mut p: Pod, phase: &str) -> Pod {
+    p.status.get_or_insert_with(Default::default).phase = Some(phase.into());
+    p
+}
+
+/// A pod whose init starts after a peer completed its index (a slow node, a late
+/// replacement) counts that peer at its last address: the Job controller runs a
+/// completed index no more, and waiting for it would last until --timeout.
+#[test]
+fn a_completed_index_counts_at_its_last_address() {
+    let r = resolver(&["worker=app=w"]);
+    let pods = [
+        with_phase(running(indexed("w-0-aaaa", "0"), "10.0.0.1"), "Succeeded"),
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 2)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.1:8470", "10.0.0.2:8470"]);
+    let done = &c.tasks["worker"][0];
+    assert_eq!(
+        (done.name.as_str(), done.slot.as_str(), done.past_init),
+        ("w-0-aaaa", "job/w/0", true)
+    );
+    // Its DNS record went with it: nothing to wait for. The live peer's stays.
+    assert_eq!(done.pod_ip, None);
+    assert_eq!(c.tasks["worker"][1].pod_ip.as_deref(), Some("10.0.0.2"));
+    assert_eq!(
+        r.own_task(&c, "uid-w-1-bbbb", "w-1-bbbb", None).unwrap(),
+        Task {
+            task_type: "worker".into(),
+            index: 1
+        }
+    );
+
+    // With --ready ready: a completed pod is never Ready again, and still counts.
+    let mut ready = r.clone();
+    ready.ready = ReadyMode::Ready;
+    let mut live = running(indexed("w-1-bbbb", "1"), "10.0.0.2");
+    live.status.as_mut().unwrap().conditions =
+        Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+    let mut done = with_phase(running(indexed("w-0-aaaa", "0"), "10.0.0.1"), "Succeeded");
+    done.status.as_mut().unwrap().conditions =
+        Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: Some("PodCompleted".into()),
+            ..Default::default()
+        }]);
+    let seen = views(&[done, live]);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let c = complete(ready.assess(&refs, &expect(&[("worker", 2)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.1:8470", "10.0.0.2:8470"]);
+}
+
+/// Where a live pod holds the index (a Job made again under its name), the completed pod
+/// is the past: the live one is the task, and is waited for. Two completed pods of one
+/// index count once; a completed pod with no index, or one being deleted, is no peer.
+#[test]
+fn a_completed_index_gives_way_to_a_live_pod_and_counts_once() {
+    let r = resolver(&["worker=app=w"]);
+    let done = |n: &str, i: &str, ip: &str| with_phase(running(indexed(n, i), ip), "Succeeded");
+    let pods = [
+        done("w-0-aaaa", "0", "10.0.0.1"),
+        running(indexed("w-0-cccc", "0"), "10.0.0.3"),
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 2)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.3:8470", "10.0.0.2:8470"]);
+
+    let pods = [
+        done("w-0-aaaa", "0", "10.0.0.1"),
+        indexed("w-0-cccc", "0"),
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let Assessment::Waiting(s) = r.assess(&refs, &expect(&[("worker", 2)])).unwrap() else {
+        panic!("complete without the live pod of index 0");
+    };
+    assert_eq!(
+        describe(&s),
+        "worker: expected 2, ready 1 of 2 live; pod \"w-0-cccc\" is Pending (not scheduled yet)"
+    );
+
+    let pods = [
+        done("w-0-aaaa", "0", "10.0.0.1"),
+        done("w-0-dddd", "0", "10.0.0.4"),
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 2)])).unwrap());
+    assert_eq!(c.tasks["worker"].len(), 2);
+    assert_eq!(c.tasks["worker"][1].address, "10.0.0.2:8470");
+
+    let mut deleting = done("w-0-aaaa", "0", "10.0.0.1");
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+    );
+    let plain = with_phase(
+        running(pod("w-9", &[("app", "w")]), "10.0.0.9"),
+        "Succeeded",
+    );
+    let pods = [
+        deleting,
+        plain,
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let c = complete(r.assess(&refs, &expect(&[("worker", 1)])).unwrap());
+    assert_eq!(c.spec()["worker"], ["10.0.0.2:8470"]);
+}
+
+/// Elastic jobs: a completed pod joins no rendezvous, and is not counted toward MIN.
+#[test]
+fn elastic_leaves_completed_pods_out() {
+    let r = resolver(&["worker=app=w"]);
+    let pods = [
+        with_phase(running(indexed("w-0-aaaa", "0"), "10.0.0.1"), "Succeeded"),
+        running(indexed("w-1-bbbb", "1"), "10.0.0.2"),
+    ];
+    let seen = views(&pods);
+    let refs: Vec<&PeerPod> = seen.iter().collect();
+    let Assessment::Waiting(s) = r.assess_at_least(&refs, 2, "uid-w-1-bbbb").unwrap() else {
+        panic!("a completed pod counted toward MIN");
+    };
+    assert_eq!(
+        describe(&s),
+        "worker: expected 2, ready 1 of 1 live (1 missing)"
+    );
+}

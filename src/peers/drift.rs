@@ -59,6 +59,8 @@ struct ResolverPod {
     name: String,
     uid: String,
     live: bool,
+    /// Succeeded: its last published cluster stands where no live pod publishes.
+    finished: bool,
     why_not_live: String,
     annotation: Option<String>,
     progress: Option<String>,
@@ -70,6 +72,7 @@ impl ResolverPod {
             name: p.name_any(),
             uid: p.uid().unwrap_or_default(),
             live: follow::is_live(p),
+            finished: follow::is_finished(p),
             why_not_live: follow::why_not_live(p),
             annotation: p.annotations().get(published::ANNOTATION).cloned(),
             progress: p.annotations().get(crate::publish::keys::PROGRESS).cloned(),
@@ -311,7 +314,10 @@ impl PeerWatch {
             return (Vec::new(), None);
         };
         let task = c.resolver_task();
-        let Some(pod) = pods.values().find(|p| p.live) else {
+        // A resolver that Succeeded finished its part; the cluster it published last
+        // stands (it tracks no replacement after that).
+        let believed = pods.values().find(|p| p.live);
+        let Some(pod) = believed.or_else(|| pods.values().find(|p| p.finished)) else {
             let why = match pods.values().next() {
                 Some(dead) => format!("the resolver {}", dead.why_not_live),
                 None => "no live resolver pod".to_string(),

@@ -73,6 +73,14 @@ pub fn is_live(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Failed" | "Succeeded"))
 }
 
+/// A resolver pod that finished its part (Succeeded, not being deleted): the cluster its
+/// annotation holds is the last it published, and stands, as the task it held does
+/// ([`crate::cluster::is_finished`]); it publishes no more.
+pub fn is_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && phase == Some("Succeeded")
+}
+
 /// Why a resolver pod is not live, for messages.
 pub fn why_not_live(pod: &Pod) -> String {
     let name = pod.name_any();
@@ -147,9 +155,14 @@ pub async fn follow<T>(
                 }
             }
         }
-        // A pod being deleted or finished is no resolver: a failed one's annotation
-        // still holds the cluster it resolved, addresses of dead pods among them.
-        let live: Vec<Pod> = pods.values().filter(|p| is_live(p)).cloned().collect();
+        // A pod being deleted or failed is no resolver: its annotation still holds the
+        // cluster it resolved, addresses of dead pods among them. One that Succeeded
+        // speaks for its last cluster where no live pod does (a late pod of a job whose
+        // resolver finished first).
+        let mut live: Vec<Pod> = pods.values().filter(|p| is_live(p)).cloned().collect();
+        if live.is_empty() {
+            live = pods.values().filter(|p| is_finished(p)).cloned().collect();
+        }
         if live.is_empty() {
             behind_since = None;
             why = match (&gone, pods.values().next()) {

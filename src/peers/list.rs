@@ -62,20 +62,13 @@ pub async fn resolve_now(
             )));
         }
     }
-    // Without expected counts, the pods that exist are the cluster, as in TensorFlow;
-    // but a type without any pod is no cluster at all (a wrong selector or namespace),
-    // not an empty list to succeed with.
+    // Without expected counts, the pods that exist are the cluster, as in TensorFlow
+    // (with the pods that completed their index, as init counts them); but a type
+    // without any pod is no cluster at all (a wrong selector or namespace), not an
+    // empty list to succeed with.
     let mut expected = cfg.expected.clone();
     for job in &resolver.jobs {
-        let n = refs
-            .iter()
-            .filter(|p| {
-                is_live(p)
-                    && resolver
-                        .types_of(&p.metadata)
-                        .contains(&job.task_type.as_str())
-            })
-            .count();
+        let n = resolver.members(job, &refs, true)?.len();
         if n == 0 && !expected.contains_key(&job.task_type) {
             let sels: Vec<String> = job.selectors.iter().map(ToString::to_string).collect();
             return Err(ListError::NotReady(format!(

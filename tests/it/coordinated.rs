@@ -456,6 +456,39 @@ async fn a_failed_resolver_is_not_followed() {
     delete_namespace(&client, &ns).await;
 }
 
+/// A resolver pod that Succeeded finished its part; the cluster it published stands,
+/// and an agent that resolves after it finished (init run again, a late pod) follows
+/// it rather than wait for a resolver that will never come back.
+#[tokio::test]
+async fn a_resolver_that_succeeded_is_followed() {
+    let client = admin().await;
+    let ns = namespace(&client, "coord-done").await;
+    let pods = job(&client, &ns).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    for (i, (name, _)) in pods.iter().enumerate() {
+        kubelet.run(name, &format!("10.45.0.{}", i + 1)).await;
+    }
+    let port = free_port().to_string();
+    let dirs = resolve_all(&ns, &pods, &port).await;
+
+    kubelet.phase("ps-0", "Succeeded").await;
+    let out = tempfile::tempdir().unwrap();
+    let r = run(&mut agent(
+        &ns,
+        "worker-1",
+        out.path(),
+        &port,
+        "always",
+        "5s",
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        read(out.path(), "tf_config.json"),
+        read(dirs[2].path(), "tf_config.json")
+    );
+    delete_namespace(&client, &ns).await;
+}
+
 /// A replacement that the live resolver's cluster leaves out, with nothing on the
 /// resolver pod to publish again (no reporter there): after `FALLBACK` (15 s) it
 /// resolves by watching every peer itself, and its files say they are newer than that

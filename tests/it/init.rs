@@ -540,6 +540,69 @@ async fn expected_count_comes_from_the_owning_job_or_fails_asking_for_expect() {
     assert_eq!(list_dir(out.path()), Vec::<String>::new());
 }
 
+/// A pod whose init starts after the other pod of its Indexed Job completed (a slower
+/// node): the completed pod's index is never run again, and init counts it at its last
+/// address instead of waiting for it until --timeout. The Job controller keeps it.
+#[tokio::test]
+async fn a_peer_that_completed_its_index_counts_for_a_late_pod() {
+    let client = admin().await;
+    let ns = namespace(&client, "late").await;
+    crate::support::jobs::indexed_job(&client, &ns, "w", 2, "app=late", json!({})).await;
+    let names =
+        crate::support::jobs::run_job_pods(&client, &ns, "w", 2, |i| format!("10.6.2.{i}")).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    kubelet.phase(&names[0], "Succeeded").await;
+    eventually(
+        "the Job to count pod 0",
+        Duration::from_secs(30),
+        || async {
+            let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+                .get("w")
+                .await
+                .unwrap();
+            (job.status?.succeeded? == 1).then_some(())
+        },
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let started = std::time::Instant::now();
+    let r = run(&mut init_cmd(
+        kubeconfig(),
+        &ns,
+        &names[1],
+        out.path(),
+        &[
+            "--job",
+            "worker=app=late",
+            "--timeout",
+            "10s",
+            "--port",
+            &port,
+        ],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        read(out.path(), "tf_config.json"),
+        format!(
+            "{{\"cluster\":{{\"worker\":[\"10.6.2.0:{port}\",\"10.6.2.1:{port}\"]}},\"task\":{{\"type\":\"worker\",\"index\":1}}}}\n"
+        )
+    );
+    // The Job controller made no pod for the completed index.
+    assert_eq!(
+        crate::support::jobs::job_pods(&client, &ns, "w")
+            .await
+            .len(),
+        2
+    );
+    delete_namespace(&client, &ns).await;
+}
+
 /// A ServiceAccount bound to a Role with only these verbs on pods, and its kubeconfig.
 async fn sa_with_pod_role(
     client: &Client,

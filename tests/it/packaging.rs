@@ -843,3 +843,51 @@ async fn the_failure_policy_example_retries_137_and_fails_the_job_on_a_bad_init(
     );
     delete_namespace(&client, &ns).await;
 }
+
+/// The JobSet `failurePolicy` that docs/failure-handling.md pairs with
+/// `inject --failure-policy` is one the JobSet schema accepts (the real CRD), as the
+/// docs print it; and the schema refuses a rule without a name, as they say.
+#[tokio::test]
+async fn the_jobset_failure_policy_of_the_docs_fits_the_jobset_schema() {
+    let docs = std::fs::read_to_string(repo().join("docs/failure-handling.md")).unwrap();
+    let section = docs
+        .split_once("### In a JobSet")
+        .expect("docs/failure-handling.md has the JobSet section")
+        .1;
+    let block = section
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the JobSet section has a YAML block")
+        .0;
+    assert!(block.starts_with("spec:"), "{block}");
+    let jobset = |spec: &str| {
+        format!(
+            "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {{name: docs-failure-policy}}\n{spec}  replicatedJobs:\n    - name: w\n      template:\n        spec:\n          template:\n            spec:\n              restartPolicy: Never\n              containers: [{{name: c, image: busybox}}]\n"
+        )
+    };
+    jobset_crd();
+    let ns = namespace(&admin().await, "jobset-policy").await;
+    let doc = jobset(block);
+    let r = kubectl_full(
+        &["create", "--dry-run=server", "-n", &ns, "-f", "-"],
+        Some(&doc),
+    );
+    assert!(
+        r.ok && r.stdout.contains("(server dry run)"),
+        "{doc}\n{}",
+        r.stderr
+    );
+    let unnamed = jobset(&block.replace("      - name: permanent ", "      - "));
+    assert_ne!(unnamed, doc);
+    let r = kubectl_full(
+        &["create", "--dry-run=server", "-n", &ns, "-f", "-"],
+        Some(&unnamed),
+    );
+    assert!(
+        !r.ok
+            && r.stderr
+                .contains("spec.failurePolicy.rules[0].name: Required value"),
+        "{unnamed}\n{}",
+        r.stderr
+    );
+}

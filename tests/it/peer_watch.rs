@@ -1,7 +1,7 @@
 //! After the start: the sidecar watches the peers of the cluster `trainlet init`
-//! resolved (cluster.json) and says when a task's pod is lost or replaced at another
-//! address. The real Job controller replaces the deleted pod 1; the test plays the
-//! scheduler and the kubelet (the pods' IPs).
+//! resolved (cluster.json) and says when a task's pod is lost or replaced (another pod,
+//! whatever its address), and not when it Succeeded. The real Job controller replaces
+//! the deleted pod 1; the test plays the scheduler and the kubelet (the pods' IPs).
 
 use std::time::Duration;
 
@@ -138,6 +138,63 @@ async fn a_replaced_peer_makes_the_cluster_stale_even_back_at_its_old_address() 
         w.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
         ["PeerLost", "PeerReplaced", "PeerReplaced"],
         "{w:?}"
+    );
+    delete_namespace(&client, &ns).await;
+}
+
+/// A peer that Succeeded finished its part: no PeerLost, no stale cluster, nothing for
+/// a group restart. Pod 2 deleted after it shows that the watch has seen pod 1's
+/// Succeeded (one watch delivers its events in order): only pod 2's task is lost.
+#[tokio::test]
+async fn a_peer_that_succeeded_is_not_lost() {
+    let client = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ns, kc) = rbac_namespace(&client, "peers-done", dir.path()).await;
+    indexed_job(&client, &ns, "w", 3, "app=w", serde_json::json!({})).await;
+    let kubelet = Kubelet::new(&client, &ns);
+    let names = run_job_pods(&client, &ns, "w", 3, |i| format!("10.7.1.{}", 2 + i)).await;
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let r = run(&mut init_cmd(
+        &kc,
+        &ns,
+        &names[0],
+        &out,
+        &["--job", "worker=app=w"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let cluster_file = out.join("cluster.json");
+    let sidecar = Reporter::start(sidecar_cmd(
+        &kc,
+        &ns,
+        &names[0],
+        &["--cluster-file", cluster_file.to_str().unwrap()],
+    ));
+    wait_annotation(&client, &ns, &names[0], "trainlet.io/cluster", "current").await;
+
+    kubelet.phase(&names[1], "Succeeded").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.delete(&names[2], &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_annotation(
+        &client,
+        &ns,
+        &names[0],
+        "trainlet.io/cluster",
+        "stale: worker/2 10.7.1.4 → none",
+    )
+    .await;
+    let w = warnings(&client, &ns).await;
+    assert_eq!(
+        w.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+        ["PeerLost"],
+        "{w:?}"
+    );
+    assert!(w[0].1.starts_with("task worker/2 "), "{w:?}");
+    assert_eq!(
+        metric(&sidecar.metrics().await, "trainlet_cluster_stale"),
+        Some(1.0)
     );
     delete_namespace(&client, &ns).await;
 }
