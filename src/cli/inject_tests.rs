@@ -473,9 +473,14 @@ fn a_template_with_its_own_service_account_keeps_it_with_a_note() {
     );
     assert!(
         out.notes.iter().any(|n| n.text
-            == "keeps serviceAccountName \"ml-runner\": bind trainlet's Role to it (manifests/rbac.yaml binds \"trainlet\")"),
+            == "keeps serviceAccountName \"ml-runner\" and its token in the pod's containers: bind trainlet's Role to it (manifests/rbac.yaml binds \"trainlet\"); the token then has trainlet's rights too (docs/security.md)"),
         "{:?}",
         out.notes
+    );
+    // Its token stays where its code needs it: no automountServiceAccountToken: false.
+    assert_eq!(
+        pod_spec(&docs(&out.yaml)[1]).get("automountServiceAccountToken"),
+        None
     );
 }
 

@@ -406,6 +406,34 @@ fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
     }
 }
 
+/// `pod` with its default token's volume named `kube-api-access-x` (the API server
+/// gives it a random suffix on each create) and last among the volumes and each
+/// container's mounts: the ServiceAccount admission adds it after inject's, and before
+/// the policy's.
+fn token_named(pod: Value) -> Value {
+    let text = regex::Regex::new("kube-api-access-[a-z0-9]+")
+        .unwrap()
+        .replace_all(&pod.to_string(), "kube-api-access-x")
+        .into_owned();
+    let mut pod: Value = serde_json::from_str(&text).unwrap();
+    let last = |list: &mut Value| {
+        if let Some(items) = list.as_array_mut() {
+            let (token, mut rest): (Vec<Value>, Vec<Value>) = items
+                .drain(..)
+                .partition(|v| v["name"] == "kube-api-access-x");
+            rest.extend(token);
+            *items = rest;
+        }
+    };
+    last(&mut pod["spec"]["volumes"]);
+    for l in ["initContainers", "containers"] {
+        for c in pod["spec"][l].as_array_mut().into_iter().flatten() {
+            last(&mut c["volumeMounts"]);
+        }
+    }
+    pod
+}
+
 /// A Pod with the label, these annotations, and `spec`.
 fn pod(name: &str, labels: Value, annotations: Value, spec: Value) -> Value {
     json!({
@@ -691,6 +719,15 @@ fn shapes() -> Vec<Shape> {
             ),
         },
         Shape {
+            name: "users-sa",
+            settings: wrapped.clone(),
+            pod: pod("users-sa", labels.clone(), json!({}), {
+                let mut s = spec(json!([main.clone()]), json!([]), json!([]));
+                s["serviceAccountName"] = json!("s3-reader");
+                s
+            }),
+        },
+        Shape {
             name: "host-network",
             settings: vec![
                 ("job", "worker=app=trainer"),
@@ -849,6 +886,7 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
         ],
     );
     install(kc, &ns).await;
+    kubectl_clean(kc, &["create", "serviceaccount", "s3-reader", "-n", &ns]);
     for s in shapes() {
         let ns = if s.name == "host-network" { &open } else { &ns };
         let flags: Vec<String> = s
@@ -862,8 +900,8 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
         for (f, v) in &s.settings {
             opted["metadata"]["annotations"][format!("trainlet.io/{f}")] = json!(v);
         }
-        let by_policy = dry_run(kc, ns, &opted);
-        let by_inject = dry_run(kc, ns, &injected(&s.pod, &flags));
+        let by_policy = token_named(dry_run(kc, ns, &opted));
+        let by_inject = token_named(dry_run(kc, ns, &injected(&s.pod, &flags)));
         assert_eq!(
             by_policy["spec"], by_inject["spec"],
             "{}: the policy's pod and inject's differ",
@@ -874,11 +912,20 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
             want[format!("trainlet.io/{f}")] = json!(v);
         }
         assert_eq!(by_policy["metadata"]["annotations"], want, "{}", s.name);
-        assert!(
-            !by_policy.to_string().contains("kube-api-access-"),
-            "{}: {by_policy}",
-            s.name
-        );
+        let tokens: Vec<String> = ["initContainers", "containers"]
+            .iter()
+            .flat_map(|l| by_policy["spec"][l].as_array().cloned().unwrap_or_default())
+            .filter(|c| {
+                c["volumeMounts"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|m| m["name"] == "kube-api-access-x"))
+            })
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        // No default token but in a pod that keeps its own ServiceAccount, and there
+        // in its own containers only: trainlet's mount trainlet-token.
+        let want: &[&str] = if s.name == "users-sa" { &["main"] } else { &[] };
+        assert_eq!(tokens, want, "{}", s.name);
         if let Some((_, want)) = INFERRED.iter().find(|(n, _)| *n == s.name) {
             let args = |i: usize| by_policy["spec"]["initContainers"][i]["args"].clone();
             let framework: Vec<Value> = args(0)

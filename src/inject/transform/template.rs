@@ -127,34 +127,45 @@ impl Ctx<'_> {
             Node::Scalar(plain("")),
         );
         insert_before(spec, "initContainers", "containers", Node::Seq(Vec::new()));
-        match spec
+        // The user's own ServiceAccount (workload identity, a cloud bucket's access) is
+        // kept, and with it its token in the pod's containers, which their code needs.
+        let users_sa = match spec
             .get("serviceAccountName")
             .and_then(Node::as_str)
             .map(str::to_string)
         {
-            None => spec.set("serviceAccountName", Node::str(&cfg.service_account)),
-            Some(sa) if sa == "default" => {
-                spec.set("serviceAccountName", Node::str(&cfg.service_account))
+            None => {
+                spec.set("serviceAccountName", Node::str(&cfg.service_account));
+                false
             }
-            Some(sa) if sa == cfg.service_account => {}
-            Some(sa) => self.note(
-                what.to_string(),
-                format!(
-                    "keeps serviceAccountName {sa:?}: bind trainlet's Role to it (manifests/rbac.yaml binds {:?})",
-                    cfg.service_account
-                ),
-            ),
+            Some(sa) if sa == "default" => {
+                spec.set("serviceAccountName", Node::str(&cfg.service_account));
+                false
+            }
+            Some(sa) if sa == cfg.service_account => false,
+            Some(sa) => {
+                self.note(
+                    what.to_string(),
+                    format!(
+                        "keeps serviceAccountName {sa:?} and its token in the pod's containers: bind trainlet's Role to it (manifests/rbac.yaml binds {:?}); the token then has trainlet's rights too (docs/security.md)",
+                        cfg.service_account
+                    ),
+                );
+                true
+            }
+        };
+        // Else no token in the training container: its code (and every package it
+        // installs) could use it to patch any pod of the namespace. trainlet's own
+        // containers get a projected one instead (TOKEN_VOLUME).
+        if !users_sa {
+            insert_before(
+                spec,
+                "automountServiceAccountToken",
+                "initContainers",
+                Node::Scalar(plain("false")),
+            );
+            spec.set("automountServiceAccountToken", Node::Scalar(plain("false")));
         }
-        // No token in the training container: its code (and every package it installs)
-        // could use it to patch any pod of the namespace. trainlet's own containers get
-        // a projected one instead (TOKEN_VOLUME).
-        insert_before(
-            spec,
-            "automountServiceAccountToken",
-            "initContainers",
-            Node::Scalar(plain("false")),
-        );
-        spec.set("automountServiceAccountToken", Node::Scalar(plain("false")));
 
         let volumes = spec
             .seq_entry("volumes")
@@ -168,10 +179,10 @@ impl Ctx<'_> {
         let tokens: Vec<String> = volumes
             .iter()
             .filter_map(name_of)
-            .filter(|n| n.starts_with(DEFAULT_TOKEN_PREFIX))
+            .filter(|n| !users_sa && n.starts_with(DEFAULT_TOKEN_PREFIX))
             .map(str::to_string)
             .collect();
-        volumes.retain(|v| !name_of(v).is_some_and(|n| n.starts_with(DEFAULT_TOKEN_PREFIX)));
+        volumes.retain(|v| !name_of(v).is_some_and(|n| tokens.iter().any(|t| t == n)));
         if !tokens.is_empty() {
             self.note(
                 what.to_string(),
@@ -204,7 +215,9 @@ impl Ctx<'_> {
                     format!("volumeMounts of container {name:?} is not a list"),
                 )
             })?;
-            drop_default_token(mounts);
+            if !users_sa {
+                drop_default_token(mounts);
+            }
             upsert_named(mounts, mount(&cfg.output_dir, true), VOLUME, None);
             self.shm(mounts, what, &name);
             if cfg.wrap.as_deref() == Some(name.as_str()) {
@@ -228,7 +241,7 @@ impl Ctx<'_> {
             .seq_entry("initContainers")
             .ok_or_else(|| self.shape(what, "spec.initContainers is not a list"))?;
         inits.retain(|c| !matches!(name_of(c), Some(INIT_CONTAINER | SIDECAR)));
-        for c in inits.iter_mut() {
+        for c in inits.iter_mut().filter(|_| !users_sa) {
             if let Some(Node::Seq(mounts)) = c.get_mut("volumeMounts") {
                 drop_default_token(mounts);
             }

@@ -376,7 +376,7 @@ fn containers_patch(cfg: &InjectConfig) -> String {
         &format!("{own_mount} + (c.name == variables.wrap ? {observed_mount} : [])"),
     );
     format!(
-        "object.spec.containers.transformList(i, c, {unmount} + {mounts}).flatten() +
+        "object.spec.containers.transformList(i, c, (variables.usersSA ? [] : {unmount}) + {mounts}).flatten() +
           object.spec.containers.transformList(i, c, c.name == variables.wrap,
             [JSONPatch{{op: \"add\", path: {at} + \"/command\", value: variables.command}}] +
             {env}).flatten()",
@@ -461,7 +461,12 @@ spec:
     - name: valid
       expression: >-
         {valid}
-{settings_vars}    - name: execArgs
+{settings_vars}    # The pod's own ServiceAccount (workload identity, a bucket's access) is kept, and
+    # its token in the pod's containers, as inject keeps them.
+    - name: usersSA
+      expression: >-
+        has(object.spec.serviceAccountName) && !(object.spec.serviceAccountName in ['', 'default', {sa}])
+    - name: execArgs
       expression: >-
         {exec_args}
 {command}{frameworks}    - name: initArgs
@@ -480,9 +485,10 @@ spec:
           (has(object.metadata.annotations) ? [] :
             [JSONPatch{{op: "add", path: "/metadata/annotations", value: {{}}}}]) +
           [
-            {scrape},
-            JSONPatch{{op: "add", path: "/spec/automountServiceAccountToken", value: false}}
+            {scrape}
           ] +
+          (variables.usersSA ? [] :
+            [JSONPatch{{op: "add", path: "/spec/automountServiceAccountToken", value: false}}]) +
           (!has(object.spec.serviceAccountName) || object.spec.serviceAccountName in ['', 'default'] ?
             [JSONPatch{{op: "add", path: "/spec/serviceAccountName", value: {sa}}},
              JSONPatch{{op: "add", path: "/spec/serviceAccount", value: {sa}}}] : [])
@@ -491,7 +497,7 @@ spec:
     - patchType: JSONPatch
       jsonPatch:
         expression: |
-          !has(object.spec.initContainers) ? [] :
+          !has(object.spec.initContainers) || variables.usersSA ? [] :
           object.spec.initContainers.transformList(i, c, {unmount_init}).flatten()
     # trainlet-init and the sidecar first, then the user's init containers.
     - patchType: JSONPatch
@@ -507,7 +513,7 @@ spec:
         expression: |
           !has(object.spec.volumes) ?
             [JSONPatch{{op: "add", path: "/spec/volumes", value: {trainlet_volumes}}}] :
-            {remove_tokens} +
+            (variables.usersSA ? [] : {remove_tokens}) +
             ({trainlet_volumes}).map(v, JSONPatch{{op: "add", path: "/spec/volumes/-", value: v}})
     # Every container mounts trainlet's files read-only and not the default token; the
     # one that {PREFIX}{WRAP} names runs its command under `trainlet exec`.
