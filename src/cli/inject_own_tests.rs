@@ -157,6 +157,21 @@ fn a_users_dev_shm_with_a_trailing_slash_is_its_own_dev_shm() {
         "{:?}",
         out.notes
     );
+    // Its only container has its own: no trainlet-shm volume mounted nowhere.
+    let volumes: Vec<&str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(volumes, ["big", "trainlet", "trainlet-token"]);
+    assert!(
+        notes(&out).contains(
+            &"adds no trainlet-shm volume: every container mounts its own /dev/shm".to_string()
+        ),
+        "{:?}",
+        out.notes
+    );
 }
 
 /// The user's POD_NAME stays as it was; trainlet exec gets the pod's name from its own

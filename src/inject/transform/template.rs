@@ -236,6 +236,22 @@ impl Ctx<'_> {
         if cfg.classic_sidecar {
             containers.push(sidecar(own));
         }
+        // `--shm-size` where every container has its own /dev/shm: the volume would be
+        // mounted nowhere.
+        let shm_used = containers.iter().any(|c| {
+            c.get("volumeMounts")
+                .and_then(Node::as_seq)
+                .is_some_and(|m| m.iter().any(|m| name_of(m) == Some(SHM_VOLUME)))
+        });
+        if cfg.shm_size.is_some() && !shm_used {
+            if let Some(Node::Seq(volumes)) = spec.get_mut("volumes") {
+                volumes.retain(|v| name_of(v) != Some(SHM_VOLUME));
+            }
+            self.note(
+                what.to_string(),
+                format!("adds no {SHM_VOLUME} volume: every container mounts its own {SHM_PATH}"),
+            );
+        }
 
         let inits = spec
             .seq_entry("initContainers")
