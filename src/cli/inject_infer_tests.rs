@@ -16,6 +16,8 @@ metadata:
   name: ddp
 spec:
   template:
+    metadata:
+      labels: {{app: ddp}}
     spec:
       restartPolicy: Never
       containers:

@@ -30,9 +30,14 @@ spec:
 }
 
 fn parsed(args: &[&str]) -> Result<InjectConfig, Failure> {
-    let argv = ["trainlet", "inject", "--job", "worker=app=mnist"]
-        .iter()
-        .chain(args);
+    let argv = [
+        "trainlet",
+        "inject",
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+    ]
+    .iter()
+    .chain(args);
     let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
     let Command::Inject(a) = cli.command else {
         unreachable!()

@@ -125,7 +125,7 @@ fn injected_pod(args: &[&str], input: &str) -> (serde_json::Value, String) {
 fn the_wrapped_commands_launcher_chooses_the_framework_with_a_note() {
     let pod = |command: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ddp\nspec:\n  containers:\n    - name: trainer\n      image: trainer:1\n      command: {command}\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ddp\n  labels: {{app: ddp}}\nspec:\n  containers:\n    - name: trainer\n      image: trainer:1\n      command: {command}\n"
         )
     };
     let args = |extra: &[&'static str]| {
@@ -726,5 +726,24 @@ spec:
             .unwrap()
             .starts_with("no progress for 5s; last step 1 in \"step 1\"; "),
         "{seen}"
+    );
+}
+
+/// A `--job` selector that matches none of a template's pods (`job-name=llm-dp` for a
+/// Job named `llm-ddp`) is told at once, naming the labels the pods will have (the
+/// template's and the Job controller's); the output is still written.
+#[test]
+fn a_selector_that_matches_none_of_the_templates_pods_is_told() {
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: llm-ddp\nspec:\n  template:\n    metadata:\n      labels: {app: llm}\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: trainer\n          image: trainer:1\n          command: [torchrun, train.py]\n";
+    let typo = inject_stdin(&["--job", "worker=job-name=llm-dp"], job);
+    assert_eq!(typo.code, 0, "{}", typo.stderr);
+    assert_eq!(
+        typo.stderr,
+        "trainlet: note: stdin: document 1 (batch/v1 Job \"llm-ddp\"): no --job selector (job-name=llm-dp) matches this template's pods, whose labels are app=llm, batch.kubernetes.io/job-name=llm-ddp, job-name=llm-ddp: their init would wait out --timeout for peers it never finds\ntrainlet: note: stdin: document 1 (batch/v1 Job \"llm-ddp\"): injected\n"
+    );
+    let right = inject_stdin(&["--job", "worker=job-name=llm-ddp"], job);
+    assert_eq!(
+        right.stderr,
+        "trainlet: note: stdin: document 1 (batch/v1 Job \"llm-ddp\"): injected\n"
     );
 }

@@ -11,6 +11,7 @@ pub mod launcher;
 mod own;
 mod parts;
 mod policy;
+mod selectors;
 mod service;
 mod template;
 mod wrapper;
@@ -306,6 +307,15 @@ struct Ctx<'a> {
 }
 
 /// `batch/v1 Job "mnist-ps"`, for notes and errors.
+/// A resource's kind and name, or empty strings.
+fn kind_name(node: &Node) -> (String, String) {
+    let get = |n: Option<&Node>| n.and_then(Node::as_str).unwrap_or_default().to_string();
+    (
+        get(node.get("kind")),
+        get(node.get("metadata").and_then(|m| m.get("name"))),
+    )
+}
+
 fn describe(node: &Node) -> String {
     let av = node.get("apiVersion").and_then(Node::as_str).unwrap_or("?");
     let kind = node.get("kind").and_then(Node::as_str).unwrap_or("?");
@@ -352,6 +362,29 @@ fn is_jobset(api_version: &str, kind: &str) -> bool {
 }
 
 impl Ctx<'_> {
+    /// Says where no `--job` selector can match the pods of `template` (of the
+    /// workload `name`, a `kind`).
+    fn check_selectors(
+        &mut self,
+        template: &Node,
+        kind: &str,
+        name: &str,
+        rjob: Option<&str>,
+        what: &str,
+    ) {
+        let own = match template.get("metadata").and_then(|m| m.get("labels")) {
+            Some(Node::Map(entries)) => entries
+                .iter()
+                .filter_map(|(k, v)| Some((k.text.clone(), v.as_str()?.to_string())))
+                .collect(),
+            _ => Default::default(),
+        };
+        let labels = selectors::PodLabels::of(kind, name, rjob, own);
+        if let Some(n) = selectors::unmatched(&labels, &self.cfg.init_args) {
+            self.note(what.to_string(), n);
+        }
+    }
+
     fn note(&mut self, what: String, text: impl Into<String>) {
         self.notes.push(Note {
             doc: self.doc,
@@ -406,6 +439,7 @@ impl Ctx<'_> {
     /// Injects every replicated job's pod template of a JobSet.
     fn jobset(&mut self, node: &mut Node, what: String) -> Result<bool, TransformError> {
         let path = ["template", "spec", "template"];
+        let owner = kind_name(node).1;
         let Some(Node::Seq(rjobs)) = node
             .get_mut("spec")
             .and_then(|s| s.get_mut("replicatedJobs"))
@@ -421,8 +455,10 @@ impl Ctx<'_> {
             }
             found = true;
             let before = rjob.clone();
+            let rjob_name = rjob.get("name").and_then(Node::as_str).map(str::to_string);
             let template = descend(rjob, &path).expect("found above");
             self.pod_template(template, &what)?;
+            self.check_selectors(template, "JobSet", &owner, rjob_name.as_deref(), &what);
             if self.cfg.failure_policy
                 && let Some(job_spec) = descend(rjob, &["template", "spec"])
             {
@@ -482,6 +518,8 @@ impl Ctx<'_> {
             }
         }
         self.pod_template(template, &what)?;
+        let (kind, name) = kind_name(&whole);
+        self.check_selectors(template, &kind, &name, None, &what);
         if service::dns(&self.cfg.init_args)
             && let Some(n) = self.services.saw_workload(&whole, template, &what)
         {
