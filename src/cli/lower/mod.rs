@@ -12,6 +12,7 @@
 mod cluster;
 mod inject;
 mod report;
+mod settings;
 mod status;
 
 use std::time::Duration;
