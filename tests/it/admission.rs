@@ -50,7 +50,13 @@ fn admission_policy_refuses_the_pods_own_flags() {
 /// Installs the shipped policy and waits until the API server applies it.
 pub(crate) async fn install(kc: &Path, ns: &str) {
     let dir = repo().join("manifests/admission");
-    kubectl_on(kc, &["apply", "-k", dir.to_str().unwrap()]);
+    // One apply at a time: on a fresh control plane, two tests creating the same
+    // cluster-scoped policies at once made one `kubectl apply` fail.
+    static APPLY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    {
+        let _one = APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        kubectl_on(kc, &["apply", "-k", dir.to_str().unwrap()]);
+    }
     let probe = labelled(
         "probe",
         json!({"trainlet.io/job": "worker=app=probe"}),

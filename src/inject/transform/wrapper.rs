@@ -6,13 +6,18 @@ use super::parts::name_of;
 use super::{EXEC_FLAGS, InjectConfig, Node, OBSERVED_VOLUME};
 use crate::flags;
 
+/// The names of the wrapped container's `trainlet exec` settings that inject owns
+/// (`parts::exec_env` writes them), besides the aliases of `own::alias_env`.
+pub(super) const EXEC_ENV: [&str; 3] = [
+    "TRAINLET_OUTPUT_DIR",
+    "TRAINLET_METRICS_ADDR",
+    "TRAINLET_OBSERVATIONS",
+];
+
 /// The wrapped container's settings of `trainlet exec` that inject owns: removed and
 /// added again, so that their order and values never depend on an earlier inject.
 pub(super) fn is_exec_env(e: &Node) -> bool {
-    matches!(
-        name_of(e),
-        Some("TRAINLET_OUTPUT_DIR" | "TRAINLET_METRICS_ADDR" | "TRAINLET_OBSERVATIONS")
-    ) || is_alias_env(e)
+    name_of(e).is_some_and(|n| EXEC_ENV.contains(&n)) || is_alias_env(e)
 }
 
 /// A container an earlier inject wrapped (it mounts the handover) that this one does

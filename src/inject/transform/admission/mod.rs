@@ -27,7 +27,8 @@ use super::parts::{
     downward_env, exec_env, init_container, mount, mount_of, observed_volume, scrape_annotations,
     sidecar, token_volume, volume,
 };
-use crate::inject::yaml::{Node, to_json};
+use super::wrapper::EXEC_ENV;
+use crate::inject::yaml::to_json;
 
 mod cel;
 mod rule;
@@ -231,17 +232,7 @@ fn wrapped_env(cfg: &InjectConfig, at: &str) -> String {
         .join(" + ");
     let own: Vec<Value> = exec_env(cfg).iter().map(to_json).collect();
     // What inject takes out first (`wrapper::is_exec_env`).
-    let ours = exec_env(&InjectConfig {
-        wrap_env: vec![
-            ("TRAINLET_OUTPUT_DIR".into(), String::new()),
-            ("TRAINLET_METRICS_ADDR".into(), String::new()),
-        ],
-        ..cfg.clone()
-    })
-    .iter()
-    .map(|e| cel_string(e.get("name").and_then(Node::as_str).unwrap_or_default()))
-    .collect::<Vec<_>>()
-    .join(", ");
+    let ours = EXEC_ENV.map(cel_string).join(", ");
     let alias_of = entries
         .iter()
         .filter_map(|(name, path, _)| {
