@@ -235,7 +235,9 @@ pub struct OutputArgs {
     /// PyTorch's MASTER_PORT (and torchrun's rendezvous port), where rank 0's process
     /// listens. Default: the task port that --port or --port-name names, unless MPI is
     /// among the --framework too (that port is then its sshd's), else torchrun's 29500.
-    /// On hostNetwork pods, pick one no other pod on the node uses.
+    /// On hostNetwork pods, pick one no other pod on the node uses: `trainlet inject`
+    /// and the admission policy do, per job, where neither this nor a task port is
+    /// given (20000-24492; see docs/hostnetwork.md).
     #[arg(long = flags::MASTER_PORT, env = "TRAINLET_MASTER_PORT", value_name = "PORT", value_parser = whole::<u16>)]
     pub master_port: Option<u16>,
 

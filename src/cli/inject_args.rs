@@ -107,6 +107,16 @@ pub struct InjectArgs {
     #[arg(long = flags::SHM_SIZE, env = "TRAINLET_SHM_SIZE", value_name = "SIZE")]
     pub shm_size: Option<String>,
 
+    /// Where the sidecar serves /metrics, /livez and /readyz, as IPV4:PORT or
+    /// [::]:PORT (its --metrics-addr): the port is also the sidecar's containerPort,
+    /// its startupProbe's and the prometheus.io/port annotation's. Default:
+    /// 0.0.0.0:9464, except on hostNetwork pod templates, where every pod of a node
+    /// shares the node's ports: there inject keeps the port an earlier inject wrote, or
+    /// chooses one per job from its namespace and name (25000-29492; see
+    /// docs/hostnetwork.md), and declares no containerPort.
+    #[arg(long = flags::METRICS_ADDR, env = "TRAINLET_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+
     /// ServiceAccount for pod templates that set none (or `default`); it must be bound to
     /// trainlet's Role, as manifests/rbac.yaml does for `trainlet`.
     #[arg(

@@ -13,6 +13,8 @@ use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
 use crate::inject::transform::admission::Settings;
+use crate::inject::transform::Metrics;
+use crate::inject::transform::hostnet::addr_port;
 use crate::inject::{Infer, InjectConfig, Resources};
 
 /// `inject`'s flags: checked (no I/O), and rendered into the arguments of the agents it
@@ -124,7 +126,13 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
 
     let (init_args, framework_at) = init_flags(c, &a.output, &output_dir, &install_to);
     let exec_args = exec_flags(a);
-    let written: Vec<String> = init_args.iter().chain(&exec_args).cloned().collect();
+    let metrics = metrics(a.metrics_addr.as_deref());
+    let written: Vec<String> = init_args
+        .iter()
+        .chain(&exec_args)
+        .cloned()
+        .chain(a.metrics_addr.iter().map(|v| flags::with_value(flags::METRICS_ADDR, v)))
+        .collect();
     settings(&install_to)
         .check_args(&written)
         .map_err(|r| Failure::usage(format!("invalid --{} {:?}: {}", r.flag, r.value, r.why)))?;
@@ -145,7 +153,8 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             sidecar_args: sidecar_port(c.port, false),
         }),
         wrap_env: wrap_env(&output_dir),
-        metrics_port: defaults::METRICS_PORT,
+        metrics,
+        host_network: false,
         output_dir,
         observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
         install_to,
@@ -158,6 +167,18 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         resources,
         shm_size: a.shm_size.clone(),
     })
+}
+
+/// The sidecar's metrics endpoint: `--metrics-addr` (checked by its rule before), written
+/// into the sidecar's arguments where it is not the sidecar's default.
+fn metrics(given: Option<&str>) -> Metrics {
+    let default = defaults::metrics_addr();
+    let addr = given.unwrap_or(&default);
+    Metrics {
+        addr: (addr != default).then(|| addr.to_string()),
+        port: addr_port(addr).unwrap_or(defaults::METRICS_PORT),
+        given: given.is_some(),
+    }
 }
 
 /// The task port the sidecar watches for conflicts: the one given, or TensorFlow's
@@ -200,6 +221,7 @@ pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Fail
         (a.failure_policy, flags::FAILURE_POLICY),
         (a.classic_sidecar, flags::CLASSIC_SIDECAR),
         (a.shm_size.is_some(), flags::SHM_SIZE),
+        (a.metrics_addr.is_some(), flags::METRICS_ADDR),
         (a.filename.is_some(), flags::FILENAME),
     ];
     if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
@@ -220,7 +242,8 @@ pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Fail
         init_args: Vec::new(),
         sidecar_args: Vec::new(),
         wrap_env: wrap_env(&output_dir),
-        metrics_port: defaults::METRICS_PORT,
+        metrics: metrics(None),
+        host_network: false,
         output_dir,
         observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
         install_to: install_to.clone(),

@@ -9,8 +9,8 @@ use super::report::MIN_STALL_AFTER;
 use crate::inject::transform::admission::{Rule, Setting, Settings};
 
 /// The settings the policy reads from a pod's annotations, with what a valid value of
-/// each is: the flags `inject` writes into `trainlet init` and `trainlet exec`, in its
-/// order ([`init_flags`], [`exec_flags`]), each with its default, which is not
+/// each is: the flags `inject` writes into `trainlet init`, `trainlet exec` and the
+/// sidecar, in its order ([`init_flags`], [`exec_flags`]), each with its default, which is not
 /// written. `inject` checks what it writes by the same rules.
 pub(super) fn settings(install_to: &str) -> Settings {
     use crate::flags as f;
@@ -151,9 +151,17 @@ pub(super) fn settings(install_to: &str) -> Settings {
         ),
         value(f::PROGRESS_PATTERN, None, Rule::Pattern),
     ];
+    // The sidecar's: on hostNetwork, where none is given, the policy chooses one as
+    // inject does (`inject::transform::hostnet`).
+    let sidecar = vec![value(
+        f::METRICS_ADDR,
+        Some(defaults::metrics_addr()),
+        Rule::Addr,
+    )];
     Settings {
         init,
         exec,
+        sidecar,
         required: vec![f::JOB],
         default_port: defaults::PORT,
     }

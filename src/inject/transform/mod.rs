@@ -4,9 +4,11 @@
 use std::fmt;
 
 use super::yaml::{self, Chunk, Node};
+pub use hostnet::Metrics;
 pub use parts::METRICS_PORT_NAME;
 
 pub mod admission;
+pub mod hostnet;
 pub mod launcher;
 mod own;
 mod parts;
@@ -83,8 +85,13 @@ pub struct InjectConfig {
     /// The environment of the wrapped container, after trainlet's own variables are
     /// removed from it (`TRAINLET_OUTPUT_DIR`, `TRAINLET_METRICS_ADDR`).
     pub wrap_env: Vec<(String, String)>,
-    /// The port of the sidecar's `/metrics`, for the Prometheus scrape annotations.
-    pub metrics_port: u16,
+    /// The sidecar's `/metrics`: `--metrics-addr`, and the port the sidecar's
+    /// containerPort, startup probe and the Prometheus scrape annotations name. Per pod
+    /// template on hostNetwork ([`hostnet`]).
+    pub metrics: Metrics,
+    /// The pod template at hand has `hostNetwork: true`: set by inject per template,
+    /// never by the CLI.
+    pub host_network: bool,
     /// Give Jobs the podFailurePolicy of trainlet's exit codes (`--failure-policy`).
     pub failure_policy: bool,
     /// The training container's permanent exit codes (`--permanent-exit-codes`);
@@ -240,6 +247,7 @@ pub fn inject(src: &str, cfg: &InjectConfig) -> Result<Output, TransformError> {
                 wrapped: &mut wrapped,
                 containers_seen: &mut containers_seen,
                 services: &mut services,
+                identity: String::new(),
             };
             ctx.document(&mut new)?;
             changed |= new != *node;
@@ -304,6 +312,8 @@ struct Ctx<'a> {
     wrapped: &'a mut usize,
     containers_seen: &'a mut Vec<String>,
     services: &'a mut service::Services,
+    /// `namespace/name` of the workload whose pod template is at hand ([`hostnet`]).
+    identity: String,
 }
 
 /// `batch/v1 Job "mnist-ps"`, for notes and errors.
@@ -314,6 +324,23 @@ fn kind_name(node: &Node) -> (String, String) {
         get(node.get("kind")),
         get(node.get("metadata").and_then(|m| m.get("name"))),
     )
+}
+
+/// `namespace/name` of a workload, for [`hostnet::slot`]: its `generateName` where it
+/// has no name, an empty namespace where it names none.
+fn workload_identity(node: &Node) -> String {
+    let meta = |key: &str| {
+        node.get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(Node::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let name = match meta("name") {
+        n if n.is_empty() => meta("generateName"),
+        n => n,
+    };
+    hostnet::identity(&meta("namespace"), &name)
 }
 
 fn describe(node: &Node) -> String {
@@ -440,6 +467,7 @@ impl Ctx<'_> {
     fn jobset(&mut self, node: &mut Node, what: String) -> Result<bool, TransformError> {
         let path = ["template", "spec", "template"];
         let owner = kind_name(node).1;
+        self.identity = workload_identity(node);
         let Some(Node::Seq(rjobs)) = node
             .get_mut("spec")
             .and_then(|s| s.get_mut("replicatedJobs"))
@@ -504,6 +532,7 @@ impl Ctx<'_> {
         };
         let is_job = (av, kind) == ("batch/v1", "Job");
         let whole = node.clone();
+        self.identity = workload_identity(&whole);
         let mut template = &mut *node;
         for key in path {
             match template.get_mut(key) {

@@ -164,6 +164,16 @@ impl Earlier {
         }
     }
 
+    /// The value of `--flag=VALUE` among the earlier init container's arguments.
+    pub(super) fn init_value(&self, flag: &str) -> Option<String> {
+        value_of(&self.init, flag)
+    }
+
+    /// The value of `--flag=VALUE` among the earlier sidecar's arguments.
+    pub(super) fn sidecar_value(&self, flag: &str) -> Option<String> {
+        value_of(&self.sidecar, flag)
+    }
+
     /// The flags of inject that gave what an earlier inject set and `cfg` does not.
     pub(super) fn dropped(&self, cfg: &InjectConfig) -> Vec<String> {
         let mut out = dropped_flags(&self.init, &cfg.init_args);
@@ -197,6 +207,15 @@ impl Earlier {
         }
         out
     }
+}
+
+/// The value of the last `--flag=VALUE` in `args`.
+fn value_of(args: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("--{flag}=");
+    args.iter()
+        .rev()
+        .find_map(|a| a.strip_prefix(&prefix))
+        .map(str::to_string)
 }
 
 /// `--name` of `--name=value` or `--name`; none for anything else.

@@ -106,7 +106,7 @@ pub(super) fn plain(text: &str) -> yaml::Scalar {
 pub(super) fn scrape_annotations(cfg: &InjectConfig) -> [(&'static str, String); 3] {
     [
         ("prometheus.io/scrape", "true".to_string()),
-        ("prometheus.io/port", cfg.metrics_port.to_string()),
+        ("prometheus.io/port", cfg.metrics.port.to_string()),
         ("prometheus.io/path", "/metrics".to_string()),
     ]
 }
@@ -230,6 +230,9 @@ pub(super) fn sidecar_args(cfg: &InjectConfig) -> Vec<String> {
             &cfg.observations_dir,
         ));
     }
+    if let Some(addr) = &cfg.metrics.addr {
+        args.push(flags::with_value(flags::METRICS_ADDR, addr));
+    }
     if cfg.classic_sidecar {
         args.push(flags::long(flags::EXIT_WITH_MAIN));
     }
@@ -240,17 +243,13 @@ pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
     let args = sidecar_args(cfg);
     let mut c = trainlet_container(cfg, SIDECAR, flags::SIDECAR, &args);
     // Named, so that a Prometheus Operator PodMonitor (which ignores prometheus.io/*
-    // annotations) can select it: manifests/monitoring/podmonitor.yaml.
-    c.set(
-        "ports",
-        Node::seq([Node::map([
-            ("name", Node::str(METRICS_PORT_NAME)),
-            (
-                "containerPort",
-                Node::Scalar(plain(&cfg.metrics_port.to_string())),
-            ),
-        ])]),
-    );
+    // annotations) can select it: manifests/monitoring/podmonitor.yaml. Not on
+    // hostNetwork, where a containerPort is a host port too: the scheduler would keep
+    // the job's own pods off one node, and the second sidecar of a node serves on
+    // another port anyway (docs/hostnetwork.md).
+    if !cfg.host_network {
+        c.set("ports", Node::seq([metrics_port(cfg.metrics.port)]));
+    }
     if !cfg.classic_sidecar {
         // A native sidecar (Kubernetes 1.29+): an init container that keeps running
         // beside the main containers and is stopped after them, so Jobs complete.
@@ -261,9 +260,17 @@ pub(super) fn sidecar(cfg: &InjectConfig) -> Node {
             1,
             (yaml::Scalar::string("restartPolicy"), Node::str("Always")),
         );
-        c.set("startupProbe", startup_probe());
+        c.set("startupProbe", startup_probe(cfg));
     }
     c
+}
+
+/// The sidecar's named metrics port.
+fn metrics_port(port: u16) -> Node {
+    Node::map([
+        ("name", Node::str(METRICS_PORT_NAME)),
+        ("containerPort", Node::Scalar(plain(&port.to_string()))),
+    ])
 }
 
 /// How long the kubelet waits for the sidecar to serve, in probes one second apart.
@@ -275,13 +282,16 @@ const STARTUP_PROBES: u32 = 30;
 /// listens, which is the sidecar's first step. A probe of the socket, not of `/livez`:
 /// with `hostNetwork`, another process of the node may hold the port (the sidecar then
 /// serves on another one and says so), and the training container must not wait for
-/// the sidecar's port there.
-fn startup_probe() -> Node {
+/// the sidecar's port there. By the port's name where the sidecar declares it, else
+/// (hostNetwork) by its number.
+fn startup_probe(cfg: &InjectConfig) -> Node {
+    let port = if cfg.host_network {
+        Node::Scalar(plain(&cfg.metrics.port.to_string()))
+    } else {
+        Node::str(METRICS_PORT_NAME)
+    };
     Node::map([
-        (
-            "tcpSocket",
-            Node::map([("port", Node::str(METRICS_PORT_NAME))]),
-        ),
+        ("tcpSocket", Node::map([("port", port)])),
         ("periodSeconds", Node::Scalar(plain("1"))),
         (
             "failureThreshold",

@@ -10,6 +10,7 @@ use super::parts::{
     downward_env, exec_env, init_container, mount, mount_of, observed_volume, plain,
     scrape_annotations, shm_volume, sidecar, token_volume, volume,
 };
+use super::hostnet::is_host_network;
 use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
     Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, InjectConfig, Node, OBSERVED_VOLUME, SHM_PATH,
@@ -101,22 +102,21 @@ impl Ctx<'_> {
     /// init container, the sidecar, the mounts, and --wrap.
     pub(super) fn pod_template(&mut self, t: &mut Node, what: &str) -> Result<(), TransformError> {
         let cfg = self.cfg;
+        let own = &self.template_config(t, what)?;
         let annotations = t
             .map_entry("metadata")
             .and_then(|m| m.map_entry("annotations"))
             .ok_or_else(|| self.shape(what, "metadata or its annotations is not a mapping"))?;
-        for (key, value) in scrape_annotations(cfg) {
+        for (key, value) in scrape_annotations(own) {
             annotations.set(key, Node::str(value));
         }
 
         let Some(spec) = t.map_entry("spec") else {
             return Err(self.shape(what, "spec is not a mapping"));
         };
-        self.refuse_collisions(spec, what)?;
-        // trainlet's containers with the frameworks the wrapped command's launcher
-        // asks for, where `--framework` is not given.
-        let inferred = self.infer_frameworks(spec, what);
-        let own = inferred.as_ref().unwrap_or(cfg);
+        if own.host_network {
+            self.dns_policy(spec, what);
+        }
         let earlier = Earlier::of(spec);
         let mut dropped: Vec<String> = Vec::new();
         // New keys go before `containers`, where people expect them to be.
@@ -284,6 +284,25 @@ impl Ctx<'_> {
             );
         }
         Ok(())
+    }
+
+    /// This inject's config for one pod template: with the frameworks the wrapped
+    /// command's launcher asks for, where `--framework` is not given, and on
+    /// hostNetwork with the ports of [`super::hostnet`]. Refuses the template's
+    /// collisions first.
+    fn template_config(&mut self, t: &Node, what: &str) -> Result<InjectConfig, TransformError> {
+        let spec = match t.get("spec") {
+            Some(spec @ Node::Map(_)) => spec,
+            _ => return Err(self.shape(what, "spec is not a mapping")),
+        };
+        self.refuse_collisions(spec, what)?;
+        let mut own = self
+            .infer_frameworks(spec, what)
+            .unwrap_or_else(|| self.cfg.clone());
+        if is_host_network(spec) {
+            self.host_ports(&mut own, spec, what);
+        }
+        Ok(own)
     }
 
     /// Without `--framework`: this inject's config with the frameworks that the wrapped

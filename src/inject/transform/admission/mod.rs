@@ -35,10 +35,11 @@ mod rule;
 mod settings;
 mod validate;
 
-use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME, launcher};
+use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME, hostnet, launcher};
 use crate::flags;
 pub use cel::cel;
-use cel::{cel_string, raw};
+pub(in crate::inject::transform) use cel::cel_string;
+use cel::raw;
 pub use rule::{MAX_ITEMS, MAX_JOB_LEN, MAX_LEN, Rule};
 use settings::annotation;
 pub use settings::{LABEL, NAME, PREFIX, Setting, Settings, WRAP};
@@ -46,13 +47,78 @@ use validate::{injected, valid_expression, validations};
 
 /// The CEL value of a setting: its annotation; for `framework`, the annotation or,
 /// where it is absent, what the wrapped command's launcher asks for
-/// (`variables.framework`), as `inject` without `--framework` infers it.
+/// (`variables.framework`), as `inject` without `--framework` infers it; for
+/// `master-port` and `metrics-addr`, the annotation or, on hostNetwork, the ports
+/// chosen as inject chooses them ([`host_variables`]).
 fn value(flag: &str) -> String {
-    if flag == flags::FRAMEWORK {
-        "variables.framework".to_string()
-    } else {
-        annotation(flag)
+    match flag {
+        flags::FRAMEWORK => "variables.framework".to_string(),
+        flags::MASTER_PORT => "variables.masterPort".to_string(),
+        flags::METRICS_ADDR => "variables.metricsAddr".to_string(),
+        _ => annotation(flag),
     }
+}
+
+/// The variables of a hostNetwork pod's ports, after [`framework_variables`]: the
+/// job's identity (the namespace, and the workload's name as inject sees it: a
+/// JobSet's, the controller's without a Deployment's ReplicaSet suffix, else the
+/// pod's own), its slot ([`hostnet::slot_cel`]), and the ports it gives where no
+/// annotation does.
+fn host_variables(settings: &Settings) -> String {
+    let labels = "(has(object.metadata.labels) ? object.metadata.labels : {})";
+    let hash = format!("{labels}[?'pod-template-hash'].orValue('')");
+    let controller = "object.metadata.ownerReferences.filter(r, has(r.controller) && r.controller)";
+    let default_addr = settings
+        .all()
+        .find_map(|s| match s {
+            Setting::Value { flag, default, .. } if *flag == flags::METRICS_ADDR => {
+                default.clone()
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    let task_port = format!(
+        "{} == '' && {} == ''",
+        annotation(flags::PORT),
+        annotation(flags::PORT_NAME)
+    );
+    format!(
+        r#"    - name: hostNetwork
+      expression: >-
+        has(object.spec.hostNetwork) && object.spec.hostNetwork
+    - name: workload
+      expression: >-
+        {labels}[?'jobset.sigs.k8s.io/jobset-name'].orValue(
+        has(object.metadata.ownerReferences) && size({controller}) > 0 ?
+        {controller}.map(r, r.kind == 'ReplicaSet' && {hash} != '' && r.name.endsWith('-' + {hash}) ? r.name.substring(0, size(r.name) - size({hash}) - 1) : r.name)[0] :
+        has(object.metadata.name) && object.metadata.name != '' ? object.metadata.name :
+        has(object.metadata.generateName) ? object.metadata.generateName : '')
+    - name: identity
+      expression: >-
+        request.namespace + '/' + variables.workload
+    - name: slot
+      expression: >-
+        {slot}
+    - name: masterPort
+      expression: >-
+        {master} != '' ? {master} :
+        variables.hostNetwork && ({task_port} || variables.framework.split(',').exists(f, f == 'mpi')) ?
+        string({master_base} + variables.slot) : ''
+    - name: metricsAddr
+      expression: >-
+        {metrics} != '' ? {metrics} :
+        variables.hostNetwork ? '0.0.0.0:' + string({metrics_base} + variables.slot) : {default_addr}
+    - name: metricsPort
+      expression: >-
+        int(variables.metricsAddr.substring(variables.metricsAddr.lastIndexOf(':') + 1))
+"#,
+        slot = hostnet::slot_cel("variables.identity"),
+        master = annotation(flags::MASTER_PORT),
+        metrics = annotation(flags::METRICS_ADDR),
+        master_base = hostnet::MASTER_BASE,
+        metrics_base = hostnet::METRICS_BASE,
+        default_addr = cel_string(&default_addr),
+    )
 }
 
 /// The variables that read the wrapped container's command and args as
@@ -314,20 +380,47 @@ fn command_variables(cfg: &InjectConfig) -> String {
     )
 }
 
+/// The sidecar as inject makes it, its port from `variables.metricsPort`: its
+/// containerPort on a pod network, its startup probe's on hostNetwork (where it
+/// declares none, and the probe names the port by number).
+fn policy_sidecar(cfg: &InjectConfig, wrapped: bool, host: bool) -> Value {
+    let mut c = shape(cfg, wrapped);
+    c.host_network = host;
+    let mut side = with_args(to_json(&sidecar(&c)), "variables.sidecarArgs");
+    let port = raw("variables.metricsPort");
+    if let Some(p) = side.pointer_mut("/ports/0/containerPort") {
+        *p = port.clone();
+    }
+    if host && let Some(p) = side.pointer_mut("/startupProbe/tcpSocket/port") {
+        *p = port;
+    }
+    side
+}
+
 /// trainlet's init container and sidecar, first in the pod's init containers: a CEL
-/// list of the two, as inject makes them for a pod with a wrapped container or none.
+/// list of the two, as inject makes them for a pod with a wrapped container or none,
+/// on hostNetwork or not.
 fn trainlet_inits(cfg: &InjectConfig) -> String {
     let ty = "Object.spec.initContainers";
-    let c = |wrapped: bool| shape(cfg, wrapped);
-    let init =
-        |wrapped: bool| with_args(to_json(&init_container(&c(wrapped))), "variables.initArgs");
-    let side = |wrapped: bool| with_args(to_json(&sidecar(&c(wrapped))), "variables.sidecarArgs");
+    let init = |wrapped: bool| {
+        with_args(
+            to_json(&init_container(&shape(cfg, wrapped))),
+            "variables.initArgs",
+        )
+    };
+    let side = |wrapped: bool| {
+        format!(
+            "(variables.hostNetwork ? {} : {})",
+            cel(&policy_sidecar(cfg, wrapped, true), ty),
+            cel(&policy_sidecar(cfg, wrapped, false), ty)
+        )
+    };
     format!(
         "(variables.wrap != '' ? [{}, {}] : [{}, {}])",
         cel(&init(true), ty),
-        cel(&side(true), ty),
+        side(true),
         cel(&init(false), ty),
-        cel(&side(false), ty),
+        side(false),
     )
 }
 
@@ -390,10 +483,15 @@ pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
     let scrape = scrape_annotations(cfg)
         .iter()
         .map(|(k, v)| {
-            format!(
-                "JSONPatch{{op: \"add\", path: \"/metadata/annotations/\" + jsonpatch.escapeKey({}), value: {}}}",
-                cel_string(k),
+            // The port is the pod's: chosen on hostNetwork, or its annotation's.
+            let v = if *k == "prometheus.io/port" {
+                "string(variables.metricsPort)".to_string()
+            } else {
                 cel_string(v)
+            };
+            format!(
+                "JSONPatch{{op: \"add\", path: \"/metadata/annotations/\" + jsonpatch.escapeKey({}), value: {v}}}",
+                cel_string(k),
             )
         })
         .collect::<Vec<_>>()
@@ -460,16 +558,18 @@ spec:
     - name: execArgs
       expression: >-
         {exec_args}
-{command}{frameworks}    - name: initArgs
+{command}{frameworks}{host}    - name: initArgs
       expression: >-
         {init_args}
     - name: sidecarArgs
       expression: >-
         ({port} != '' ? ['--port=' + {port}] :
           variables.framework.split(',').all(f, f.trim() == '' || f.trim() == 'tensorflow') ? ['--port={tf_port}'] : []) +
-        (variables.wrap != '' ? [{observations}] : [])
+        (variables.wrap != '' ? [{observations}] : []) +
+        {sidecar_args}
   mutations:
-    # Scrape annotations, trainlet's ServiceAccount, and no token mounted by default.
+    # Scrape annotations, trainlet's ServiceAccount, no token mounted by default, and
+    # cluster DNS for a hostNetwork pod that names no dnsPolicy.
     - patchType: JSONPatch
       jsonPatch:
         expression: |
@@ -480,6 +580,8 @@ spec:
           ] +
           (variables.usersSA ? [] :
             [JSONPatch{{op: "add", path: "/spec/automountServiceAccountToken", value: false}}]) +
+          (variables.hostNetwork && (!has(object.spec.dnsPolicy) || object.spec.dnsPolicy == 'ClusterFirst') ?
+            [JSONPatch{{op: "add", path: "/spec/dnsPolicy", value: {host_dns}}}] : []) +
           (!has(object.spec.serviceAccountName) || object.spec.serviceAccountName in ['', 'default'] ?
             [JSONPatch{{op: "add", path: "/spec/serviceAccountName", value: {sa}}},
              JSONPatch{{op: "add", path: "/spec/serviceAccount", value: {sa}}}] : [])
@@ -558,6 +660,9 @@ spec:
         init_args = args(&settings.init),
         command = command_variables(cfg),
         frameworks = framework_variables(),
+        host = host_variables(settings),
+        sidecar_args = args(&settings.sidecar),
+        host_dns = cel_string(hostnet::CLUSTER_FIRST_WITH_HOST_NET),
         unmount_init = unmount("\"/spec/initContainers/\" + string(i)"),
         remove_tokens = remove_where("object.spec.volumes", "\"/spec/volumes\"", &token()),
         containers = containers_patch(cfg),
@@ -660,6 +765,7 @@ mod tests {
                 default: None,
                 rule: Rule::Pattern,
             }],
+            sidecar: Vec::new(),
             required: vec!["job"],
             default_port: 8470,
         };

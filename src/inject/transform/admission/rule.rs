@@ -57,6 +57,10 @@ pub enum Rule {
     /// A regular expression in the subset that RE2 and the regex crate both compile
     /// (`--progress-pattern`): see [`pattern_grammar`].
     Pattern,
+    /// A listen address `IPV4:PORT` or `[::]:PORT`, PORT from 1 to 65535
+    /// (`--metrics-addr`): what `SocketAddr` parses, without the forms (IPv6 beyond
+    /// `[::]`, octets with leading zeros) that a pattern cannot tell valid in both engines.
+    Addr,
 }
 
 /// Why a value breaks its rule: the text after `invalid --flag "value": `.
@@ -101,6 +105,7 @@ impl Rule {
                 "give TYPE=N with N at least 1, at most {MAX_ITEMS} separated by ',' without spaces"
             ),
             Rule::Span => "give MIN:MAX with 1 <= MIN <= MAX, e.g. 2:4".into(),
+            Rule::Addr => "give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464".into(),
             Rule::Pattern => "give a regular expression of literal text, '.', \\d \\D \\s \\S \\w \\W \\b \\B, \\-escaped punctuation, classes such as [0-9a-z_], groups (…) and (?:…) nested at most twice, |, ^, $ and ? * + {n} {n,}".into(),
         }
     }
@@ -153,6 +158,13 @@ impl Rule {
                 }
             }
             Rule::Pattern => PATTERN.is_match(value),
+            Rule::Addr => {
+                ADDR.is_match(value)
+                    && value
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| p.parse::<u32>().ok())
+                        .is_some_and(|p| p <= u16::MAX.into())
+            }
         };
         if ok { Ok(()) } else { Err(self.hint()) }
     }
@@ -220,6 +232,10 @@ impl Rule {
                 matches(v, SPAN.as_str())
             ),
             Rule::Pattern => matches(v, PATTERN.as_str()),
+            Rule::Addr => format!(
+                "({} && int({v}.substring({v}.lastIndexOf(':') + 1)) <= 65535)",
+                matches(v, ADDR.as_str())
+            ),
         }
     }
 }
@@ -335,6 +351,18 @@ static EXPECT: LazyLock<Regex> = LazyLock::new(|| {
 
 static SPAN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(&format!("^{DIGITS}:{DIGITS}$")).expect("compiles"));
+
+/// An IPv4 octet without leading zeros.
+const OCTET: &str = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+
+/// `IPV4:PORT` or `[::]:PORT`, the port's digits without a leading zero (its bound is
+/// checked apart).
+static ADDR: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(&format!(
+        "^(?:(?:{OCTET}\\.){{3}}{OCTET}|\\[::\\]):[1-9][0-9]{{0,4}}$"
+    ))
+    .expect("compiles")
+});
 
 static PATTERN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(&pattern_grammar()).expect("compiles"));
@@ -499,6 +527,34 @@ mod tests {
     }
 
     #[test]
+    fn listen_addresses_are_ipv4_or_any_ipv6_with_a_port() {
+        for ok in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:1", "255.255.255.255:65535"] {
+            assert_eq!(Rule::Addr.check(ok), Ok(()), "{ok}");
+            assert!(ok.parse::<std::net::SocketAddr>().is_ok(), "{ok}");
+        }
+        for bad in [
+            "off",
+            "9464",
+            ":9464",
+            "0.0.0.0:0",
+            "0.0.0.0:65536",
+            "0.0.0.0:09464",
+            "256.0.0.1:80",
+            "01.2.3.4:80",
+            "[::1]:80",
+            "localhost:9464",
+            " 0.0.0.0:9464",
+            "0.0.0.0:9464\n",
+        ] {
+            assert!(Rule::Addr.check(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Rule::Addr.check("off").unwrap_err(),
+            "give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464"
+        );
+    }
+
+    #[test]
     fn progress_patterns_in_the_portable_subset() {
         for ok in [
             r"step (\d+)",
@@ -564,10 +620,18 @@ mod tests {
                 prop_assert_eq!(parsed.ok(), millis(&d), "{:?}", d);
             }
 
+            /// Every address the rule admits is a socket address the sidecar parses.
+            #[test]
+            fn every_admitted_address_parses(a in of(ADDR.as_str())) {
+                if Rule::Addr.check(&a).is_ok() {
+                    prop_assert!(a.parse::<std::net::SocketAddr>().is_ok(), "{a:?}");
+                }
+            }
+
             /// Never a panic, whatever the text.
             #[test]
             fn any_text_is_checked_without_panic(v in "\\PC{0,64}") {
-                for rule in [Rule::Jobs, Rule::Expect, Rule::Span, Rule::Pattern, STALL] {
+                for rule in [Rule::Jobs, Rule::Expect, Rule::Span, Rule::Pattern, Rule::Addr, STALL] {
                     let _ = rule.check(&v);
                 }
             }

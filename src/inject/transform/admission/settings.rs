@@ -52,13 +52,15 @@ impl Setting {
     }
 }
 
-/// What the policy needs besides `inject`'s config: the settings of `trainlet init`
-/// and of the wrapped `trainlet exec`, each in the order `inject` writes them; the
-/// sidecar's port.
+/// What the policy needs besides `inject`'s config: the settings of `trainlet init`,
+/// of the wrapped `trainlet exec` and of the sidecar, each in the order `inject` writes
+/// them; the sidecar's port.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub init: Vec<Setting>,
     pub exec: Vec<Setting>,
+    /// The sidecar's own (`--metrics-addr`), written after inject's.
+    pub sidecar: Vec<Setting>,
     /// The annotations that must be there (`job`).
     pub required: Vec<&'static str>,
     /// The task port the sidecar watches where no `port` is annotated and every
@@ -84,12 +86,17 @@ pub struct Refused {
 }
 
 impl Settings {
+    /// Every setting read from an annotation or written always, init's first.
+    pub fn all(&self) -> impl Iterator<Item = &Setting> {
+        self.init.iter().chain(&self.exec).chain(&self.sidecar)
+    }
+
     /// Checks the arguments `inject` writes (`--flag=value`) by the rules the policy
     /// checks the same settings' annotations with, so that a value passes both or
     /// neither. The items of a repeated flag (`--job`) are checked as the one
     /// annotation that would carry them, joined by `;`.
     pub fn check_args(&self, args: &[String]) -> Result<(), Refused> {
-        for s in self.init.iter().chain(&self.exec) {
+        for s in self.all() {
             let (Some(flag), Some(rule)) = (s.flag(), s.rule()) else {
                 continue;
             };

@@ -65,7 +65,7 @@ pub(super) fn checks(
         ));
     }
     out.push(unknown(settings));
-    let all = || settings.init.iter().chain(&settings.exec);
+    let all = || settings.all();
     // Sizes first: every later check of a value is vacuous past its size.
     for s in all() {
         if let (Some(flag), Some(rule)) = (s.flag(), s.rule()) {
@@ -93,9 +93,7 @@ pub(super) fn checks(
 /// An annotation `trainlet.io/…` that names no setting: a typo would be ignored.
 fn unknown(settings: &Settings) -> (String, String) {
     let known: Vec<&str> = settings
-        .init
-        .iter()
-        .chain(&settings.exec)
+        .all()
         .filter_map(Setting::flag)
         .chain([WRAP])
         .collect();
@@ -161,11 +159,7 @@ fn valid(s: &Setting) -> Option<String> {
 }
 
 fn find<'a>(settings: &'a Settings, flag: &str) -> Option<&'a Setting> {
-    settings
-        .init
-        .iter()
-        .chain(&settings.exec)
-        .find(|s| s.flag() == Some(flag))
+    settings.all().find(|s| s.flag() == Some(flag))
 }
 
 /// What inject checks across settings.
