@@ -363,7 +363,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/stall_after": "10m"}),
-            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, wrap (docs/admission.md)",
+            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, metrics-addr, wrap (docs/admission.md)",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/wrap": "trainer"}),
@@ -376,6 +376,10 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         (
             json!({"trainlet.io/job": job, "trainlet.io/expect": "worker=two"}),
             "invalid annotation trainlet.io/expect \"worker=two\": give TYPE=N with N at least 1, at most 16 separated by ',' without spaces",
+        ),
+        (
+            json!({"trainlet.io/job": job, "trainlet.io/metrics-addr": "9465"}),
+            "invalid annotation trainlet.io/metrics-addr \"9465\": give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/preflight": "yes"}),

@@ -198,6 +198,25 @@ fn seeds(flag: &str) -> Vec<String> {
         .map(String::from)
         .to_vec(),
         "wrap" => ["main", "nope", "Main"].map(String::from).to_vec(),
+        "metrics-addr" => [
+            "0.0.0.0:9465",
+            "0.0.0.0:9464",
+            "[::]:9465",
+            "10.0.0.7:25000",
+            "255.255.255.255:65535",
+            "0.0.0.0:0",
+            "0.0.0.0:65536",
+            "0.0.0.0:09465",
+            "256.0.0.1:80",
+            "01.2.3.4:80",
+            "[::1]:9465",
+            "localhost:9465",
+            ":9465",
+            "9465",
+            "off",
+        ]
+        .map(String::from)
+        .to_vec(),
         other => panic!("no seeds for {other}"),
     };
     v
@@ -341,6 +360,7 @@ async fn the_policy_refuses_exactly_the_values_inject_refuses() {
         "on-stall",
         "stall-scope",
         "progress-pattern",
+        "metrics-addr",
         "wrap",
     ];
     let mut rng = StdRng::seed_from_u64(0x7472_6169_6e6c_6574);
@@ -747,22 +767,65 @@ fn shapes() -> Vec<Shape> {
             }),
         },
         Shape {
-            name: "host-network",
+            name: "metrics-addr",
             settings: vec![
                 ("job", "worker=app=trainer"),
                 ("wrap", "main"),
-                ("address", "host-ip"),
+                ("metrics-addr", "0.0.0.0:9465"),
             ],
-            pod: pod("host-network", labels.clone(), json!({}), {
-                let mut s = spec(json!([main.clone()]), json!([]), json!([]));
-                s["hostNetwork"] = json!(true);
-                s
-            }),
+            pod: pod(
+                "metrics-addr",
+                labels.clone(),
+                json!({}),
+                spec(json!([main.clone()]), json!([]), json!([])),
+            ),
         },
     ]
     .into_iter()
+    .chain(host_shapes(&main))
     .chain(launchers)
     .collect()
+}
+
+/// hostNetwork pods: ports chosen from the pod's identity (its namespace and name)
+/// where no annotation gives them, the annotations' where they do, no rendezvous port
+/// chosen where a task port serves as one (but MPI's, the sshd's), and the dnsPolicy
+/// set where the pod names none or ClusterFirst, kept where it names another.
+fn host_shapes(main: &Value) -> Vec<Shape> {
+    let host = |name: &'static str, settings: Vec<(&'static str, &'static str)>, dns: Option<&str>| {
+        let mut s = restricted_spec(json!([main.clone()]), json!([]), json!([]));
+        s["hostNetwork"] = json!(true);
+        if let Some(d) = dns {
+            s["dnsPolicy"] = json!(d);
+        }
+        let mut all = vec![("job", "worker=app=trainer"), ("wrap", "main")];
+        all.extend(settings);
+        Shape {
+            name,
+            settings: all,
+            pod: pod(name, json!({"app": "trainer"}), json!({}), s),
+        }
+    };
+    vec![
+        host("host-network", vec![("address", "host-ip")], None),
+        host(
+            "host-network-ports",
+            vec![
+                ("framework", "pytorch"),
+                ("master-port", "29501"),
+                ("metrics-addr", "0.0.0.0:9465"),
+            ],
+            None,
+        ),
+        host("host-network-task-port", vec![("port", "2222")], None),
+        host(
+            "host-network-mpi-port",
+            vec![("framework", "mpi,pytorch"), ("port-name", "ssh")],
+            None,
+        ),
+        host("host-network-dns-default", vec![], Some("Default")),
+        host("host-network-cluster-first", vec![], Some("ClusterFirst")),
+    ]
 }
 
 /// The frameworks that the wrapped command of each launcher's shape gives, where no
@@ -907,20 +970,31 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
     install(kc, &ns).await;
     kubectl_clean(kc, &["create", "serviceaccount", "s3-reader", "-n", &ns]);
     for s in shapes() {
-        let ns = if s.name == "host-network" { &open } else { &ns };
+        let ns = if s.name.starts_with("host-network") {
+            &open
+        } else {
+            &ns
+        };
         let flags: Vec<String> = s
             .settings
             .iter()
             .map(|(f, v)| format!("--{f}={v}"))
             .collect();
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let mut opted = s.pod.clone();
+        // In its namespace, which a hostNetwork pod's ports are chosen from, in inject
+        // (from the manifest) as in the policy (from the request).
+        let mut plain = s.pod.clone();
+        plain["metadata"]["namespace"] = json!(ns);
+        let mut opted = plain.clone();
         opted["metadata"]["labels"]["trainlet.io/inject"] = json!("true");
         for (f, v) in &s.settings {
             opted["metadata"]["annotations"][format!("trainlet.io/{f}")] = json!(v);
         }
         let by_policy = token_named(dry_run(kc, ns, &opted));
-        let by_inject = token_named(dry_run(kc, ns, &injected(&s.pod, &flags)));
+        let by_inject = token_named(dry_run(kc, ns, &injected(&plain, &flags)));
+        if s.name.starts_with("host-network") {
+            host_network_checks(ns, s.name, &by_policy);
+        }
         assert_eq!(
             by_policy["spec"], by_inject["spec"],
             "{}: the policy's pod and inject's differ",
@@ -993,6 +1067,104 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
             "{kind}: the policy's pod and inject's differ"
         );
     }
+    host_controller_pods(kc, &open, &flags);
     delete_namespace(&client, &ns).await;
     delete_namespace(&client, &open).await;
+}
+
+/// What a hostNetwork shape must come out with (both sides agreeing is not enough):
+/// the ports chosen from `namespace/name`, or the annotations', and its dnsPolicy.
+fn host_network_checks(ns: &str, name: &str, pod: &Value) {
+    use trainlet::inject::transform::hostnet::{identity, ports, slot};
+    let (master, metrics) = ports(slot(&identity(ns, name)));
+    let (master, metrics) = match name {
+        "host-network-ports" => (Some(29501), 9465),
+        "host-network-task-port" => (None, metrics),
+        _ => (Some(master), metrics),
+    };
+    let spec = &pod["spec"];
+    let args = |i: usize| spec["initContainers"][i]["args"].as_array().cloned().unwrap();
+    let master_arg: Vec<Value> = args(0)
+        .into_iter()
+        .filter(|a| a.as_str().unwrap().starts_with("--master-port="))
+        .collect();
+    let want: Vec<Value> = master.iter().map(|p| json!(format!("--master-port={p}"))).collect();
+    assert_eq!(master_arg, want, "{name}");
+    let addr = json!(format!("--metrics-addr=0.0.0.0:{metrics}"));
+    assert!(args(1).contains(&addr), "{name}: {:?}", args(1));
+    let sidecar = &spec["initContainers"][1];
+    assert_eq!(sidecar["ports"], Value::Null, "{name}");
+    assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], json!(metrics), "{name}");
+    assert_eq!(
+        pod["metadata"]["annotations"]["prometheus.io/port"],
+        json!(metrics.to_string()),
+        "{name}"
+    );
+    let dns = if name == "host-network-dns-default" {
+        "Default"
+    } else {
+        "ClusterFirstWithHostNet"
+    };
+    assert_eq!(spec["dnsPolicy"], json!(dns), "{name}");
+}
+
+/// The hostNetwork pods of a Job and of a Deployment, as their controllers make them
+/// (owned by the Job, or by the Deployment's ReplicaSet `train-<pod-template-hash>`):
+/// the policy finds the workload's name as inject does, and chooses inject's ports.
+fn host_controller_pods(kc: &std::path::Path, ns: &str, flags: &[&str]) {
+    let mut template = json!({
+        "metadata": {"labels": {"app": "trainer"}},
+        "spec": restricted_spec(
+            json!([restricted(json!({"name": "main", "image": "trainer:1", "command": ["python", "train.py"]}))]),
+            json!([]),
+            json!([]),
+        )
+    });
+    template["spec"]["hostNetwork"] = json!(true);
+    let owner = |kind: &str, name: &str| {
+        json!([{"apiVersion": if kind == "Job" { "batch/v1" } else { "apps/v1" }, "kind": kind, "name": name,
+                "uid": "6b0c3a52-0000-4000-8000-000000000001", "controller": true}])
+    };
+    let cases = [
+        (
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": ns},
+                   "spec": {"template": template}}),
+            json!({"labels": {"batch.kubernetes.io/job-name": "train"}, "annotations": {}, "index_env": false}),
+            owner("Job", "train"),
+        ),
+        (
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve", "namespace": ns},
+                   "spec": {"selector": {"matchLabels": {"app": "trainer"}}, "template": template}}),
+            json!({"labels": {"pod-template-hash": "5d4f8c9b7"}, "annotations": {}, "index_env": false}),
+            owner("ReplicaSet", "serve-5d4f8c9b7"),
+        ),
+    ];
+    for (manifest, made, owners) in cases {
+        let kind = manifest["kind"].as_str().unwrap().to_string();
+        let name = format!("{}-1", kind.to_lowercase());
+        let mut opted = made_pod(&name, &template_of(&manifest), &made);
+        opted["metadata"]["ownerReferences"] = owners.clone();
+        opted["metadata"]["labels"]["trainlet.io/inject"] = json!("true");
+        for pair in flags.iter().map(|f| f.trim_start_matches("--").split_once('=').unwrap()) {
+            opted["metadata"]["annotations"][format!("trainlet.io/{}", pair.0)] = json!(pair.1);
+        }
+        let mut from_inject = made_pod(&name, &template_of(&injected(&manifest, flags)), &made);
+        from_inject["metadata"]["ownerReferences"] = owners;
+        let by_policy = dry_run(kc, ns, &opted);
+        let by_inject = dry_run(kc, ns, &from_inject);
+        assert_eq!(
+            difference("spec", &by_policy["spec"], &by_inject["spec"]),
+            None,
+            "{kind}: the policy's hostNetwork pod and inject's differ"
+        );
+        let workload = manifest["metadata"]["name"].as_str().unwrap();
+        let (_, metrics) = trainlet::inject::transform::hostnet::ports(
+            trainlet::inject::transform::hostnet::slot(&format!("{ns}/{workload}")),
+        );
+        assert_eq!(
+            by_policy["spec"]["initContainers"][1]["startupProbe"]["tcpSocket"]["port"],
+            json!(metrics),
+            "{kind}"
+        );
+    }
 }
