@@ -615,12 +615,14 @@ fn the_examples_are_inject_output_of_their_originals() {
     }
 }
 
-/// The hostNetwork example is inject's output of its original with exactly the edits
-/// its header names: trainlet-init's `--master-port=29501`, the sidecar's
-/// `--metrics-addr=0.0.0.0:9465` and the Prometheus port annotation to match, the
-/// sidecar's containerPort removed (a host port on hostNetwork); nothing else.
+/// The hostNetwork example is exactly inject's output of its original with its two
+/// ports given (`--master-port 29501 --metrics-addr 0.0.0.0:9465`): no hand edit that
+/// a second inject would erase. Injected again without them, it keeps them; its
+/// original without them gets ports chosen for the job, and no containerPort.
 #[test]
-fn the_hostnetwork_example_is_inject_output_with_its_ports_edited() {
+fn the_hostnetwork_example_is_inject_output_of_its_original() {
+    let orig = include_str!("../../tests/fixtures/inject/hostnetwork-pytorch.orig.yaml");
+    let example = include_str!("../../manifests/examples/hostnetwork-pytorch.yaml");
     let args = [
         "--job",
         "worker=batch.kubernetes.io/job-name=ddp-hostnet",
@@ -631,49 +633,38 @@ fn the_hostnetwork_example_is_inject_output_with_its_ports_edited() {
         "--on-peer-change",
         "restart",
     ];
-    let out = inject(
-        include_str!("../../tests/fixtures/inject/hostnetwork-pytorch.orig.yaml"),
-        &config(&args),
-    )
-    .unwrap();
-    let mut want = docs(&out.yaml);
-    assert_eq!(want.len(), 1);
-    let template = &mut want[0]["spec"]["template"];
-    template["metadata"]["annotations"]["prometheus.io/port"] = "9465".into();
-    let spec = &mut template["spec"];
-    assert_eq!(spec["hostNetwork"], true);
-    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
-    let inits = spec["initContainers"].as_array_mut().unwrap();
-    assert_eq!(inits[0]["name"], "trainlet-init");
-    inits[0]["args"]
-        .as_array_mut()
-        .unwrap()
-        .push("--master-port=29501".into());
-    assert_eq!(inits[1]["name"], "trainlet");
-    inits[1]["args"]
-        .as_array_mut()
-        .unwrap()
-        .push("--metrics-addr=0.0.0.0:9465".into());
-    assert_eq!(
-        inits[1].as_object_mut().unwrap().remove("ports"),
-        Some(serde_json::json!([{"name": "trainlet", "containerPort": 9464}]))
+    let given: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--master-port", "29501", "--metrics-addr", "0.0.0.0:9465"])
+        .collect();
+    let out = inject(orig, &config(&given)).unwrap();
+    assert_eq!(docs(&out.yaml), docs(example));
+    assert_eq!(inject(example, &config(&given)).unwrap().yaml, example);
+    let again = inject(example, &config(&args)).unwrap();
+    assert_eq!(again.yaml, example);
+    assert!(
+        again.notes.iter().any(|n| n.text.starts_with(
+            "keeps an earlier inject's --master-port=29501 --metrics-addr=0.0.0.0:9465"
+        )),
+        "{:?}",
+        again.notes
     );
-    assert_eq!(inits[1]["startupProbe"]["tcpSocket"]["port"], "trainlet");
-    inits[1]["startupProbe"]["tcpSocket"]["port"] = 9465.into();
-    assert_eq!(
-        spec["containers"][0]["command"],
-        serde_json::json!([
-            "/etc/trainlet/bin/trainlet",
-            "exec",
-            "--report",
-            "--on-peer-change=restart",
-            "--",
-            "torchrun",
-            "train.py"
-        ])
+
+    let chosen = docs(&inject(orig, &config(&args)).unwrap().yaml);
+    let (master, metrics) = crate::inject::transform::hostnet::ports(
+        crate::inject::transform::hostnet::slot("/ddp-hostnet"),
     );
-    let example = include_str!("../../manifests/examples/hostnetwork-pytorch.yaml");
-    assert_eq!(docs(example), want);
+    let spec = &chosen[0]["spec"]["template"]["spec"];
+    let init_args = spec["initContainers"][0]["args"].as_array().unwrap();
+    assert!(init_args.contains(&format!("--master-port={master}").into()));
+    let sidecar = &spec["initContainers"][1];
+    assert!(sidecar["args"]
+        .as_array()
+        .unwrap()
+        .contains(&format!("--metrics-addr=0.0.0.0:{metrics}").into()));
+    assert_eq!(sidecar["ports"], serde_json::Value::Null);
+    assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], metrics);
 }
 
 #[test]

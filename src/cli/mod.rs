@@ -21,6 +21,8 @@ pub mod values;
 #[cfg(test)]
 mod inject_dns_tests;
 #[cfg(test)]
+mod inject_hostnet_tests;
+#[cfg(test)]
 mod inject_infer_tests;
 #[cfg(test)]
 mod inject_own_tests;

@@ -249,6 +249,7 @@ mod tests {
         // Pinned: the admission policy computes these in CEL, and a change here
         // changes the ports of every running job's next inject.
         assert_eq!(slot(""), 0);
+        assert_eq!(slot("ml/ddp"), 362);
         assert_eq!(slot("ml/train"), slot("ml/train"));
         let base = slot("ml/train-1");
         for other in ["ml/train-2", "ml/trainx1", "ml/train-10", "m1/train-1", "/train-1"] {
