@@ -28,7 +28,11 @@ fn config(args: &[&str]) -> InjectConfig {
 
 /// A Job `name` in namespace `ml`, on hostNetwork or not, with `extra` spec lines.
 fn job(name: &str, host: bool, extra: &str) -> String {
-    let host = if host { "      hostNetwork: true\n" } else { "" };
+    let host = if host {
+        "      hostNetwork: true\n"
+    } else {
+        ""
+    };
     format!(
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  namespace: ml\nspec:\n  template:\n    metadata:\n      labels: {{app: ddp}}\n    spec:\n{host}{extra}      containers:\n        - name: train\n          image: t:1\n          command: [torchrun, train.py]\n"
     )
@@ -42,7 +46,11 @@ fn injected(src: &str, cfg: &InjectConfig) -> (Value, Value, Vec<String>) {
         .remove(0);
     let t = yaml::to_json(&node)["spec"]["template"].clone();
     let notes = out.notes.iter().map(|n| n.text.clone()).collect();
-    (t["spec"].clone(), t["metadata"]["annotations"].clone(), notes)
+    (
+        t["spec"].clone(),
+        t["metadata"]["annotations"].clone(),
+        notes,
+    )
 }
 
 fn args_of(spec: &Value, i: usize) -> Vec<String> {
@@ -65,7 +73,10 @@ fn a_hostnetwork_job_gets_ports_of_its_own_and_cluster_dns_with_notes() {
     let sidecar = &spec["initContainers"][1];
     assert_eq!(sidecar["ports"], Value::Null);
     assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], json!(metrics));
-    assert_eq!(annotations["prometheus.io/port"], json!(metrics.to_string()));
+    assert_eq!(
+        annotations["prometheus.io/port"],
+        json!(metrics.to_string())
+    );
     assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
     let keys: Vec<&String> = spec.as_object().unwrap().keys().collect();
     assert_eq!(keys[..2], ["hostNetwork", "dnsPolicy"]);
@@ -100,7 +111,10 @@ fn a_pod_network_template_keeps_todays_defaults() {
     assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], "trainlet");
     assert_eq!(annotations["prometheus.io/port"], "9464");
     assert_eq!(spec["dnsPolicy"], Value::Null);
-    assert!(!notes.iter().any(|n| n.contains("hostNetwork")), "{notes:?}");
+    assert!(
+        !notes.iter().any(|n| n.contains("hostNetwork")),
+        "{notes:?}"
+    );
 }
 
 #[test]
@@ -120,7 +134,10 @@ fn metrics_addr_moves_the_port_the_probe_and_the_annotation_together() {
     let (spec, annotations, notes) = injected(&job("ddp", true, ""), &cfg);
     assert!(args_of(&spec, 0).contains(&"--master-port=29501".to_string()));
     assert!(!has_flag(&args_of(&spec, 1), "metrics-addr"));
-    assert_eq!(spec["initContainers"][1]["startupProbe"]["tcpSocket"]["port"], 9464);
+    assert_eq!(
+        spec["initContainers"][1]["startupProbe"]["tcpSocket"]["port"],
+        9464
+    );
     assert_eq!(annotations["prometheus.io/port"], "9464");
     assert!(!notes.iter().any(|n| n.starts_with("chooses")), "{notes:?}");
 }
@@ -164,7 +181,9 @@ fn a_second_inject_keeps_the_ports_also_with_a_namespace_added() {
     assert_eq!(args_of(&spec, 0), args_of(&first, 0));
     assert_eq!(args_of(&spec, 1), args_of(&first, 1));
     assert!(
-        notes.iter().any(|n| n.starts_with("keeps an earlier inject's --master-port=")),
+        notes
+            .iter()
+            .any(|n| n.starts_with("keeps an earlier inject's --master-port=")),
         "{notes:?}"
     );
 }

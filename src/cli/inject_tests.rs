@@ -659,10 +659,12 @@ fn the_hostnetwork_example_is_inject_output_of_its_original() {
     let init_args = spec["initContainers"][0]["args"].as_array().unwrap();
     assert!(init_args.contains(&format!("--master-port={master}").into()));
     let sidecar = &spec["initContainers"][1];
-    assert!(sidecar["args"]
-        .as_array()
-        .unwrap()
-        .contains(&format!("--metrics-addr=0.0.0.0:{metrics}").into()));
+    assert!(
+        sidecar["args"]
+            .as_array()
+            .unwrap()
+            .contains(&format!("--metrics-addr=0.0.0.0:{metrics}").into())
+    );
     assert_eq!(sidecar["ports"], serde_json::Value::Null);
     assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], metrics);
 }

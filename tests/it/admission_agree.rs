@@ -792,20 +792,21 @@ fn shapes() -> Vec<Shape> {
 /// chosen where a task port serves as one (but MPI's, the sshd's), and the dnsPolicy
 /// set where the pod names none or ClusterFirst, kept where it names another.
 fn host_shapes(main: &Value) -> Vec<Shape> {
-    let host = |name: &'static str, settings: Vec<(&'static str, &'static str)>, dns: Option<&str>| {
-        let mut s = restricted_spec(json!([main.clone()]), json!([]), json!([]));
-        s["hostNetwork"] = json!(true);
-        if let Some(d) = dns {
-            s["dnsPolicy"] = json!(d);
-        }
-        let mut all = vec![("job", "worker=app=trainer"), ("wrap", "main")];
-        all.extend(settings);
-        Shape {
-            name,
-            settings: all,
-            pod: pod(name, json!({"app": "trainer"}), json!({}), s),
-        }
-    };
+    let host =
+        |name: &'static str, settings: Vec<(&'static str, &'static str)>, dns: Option<&str>| {
+            let mut s = restricted_spec(json!([main.clone()]), json!([]), json!([]));
+            s["hostNetwork"] = json!(true);
+            if let Some(d) = dns {
+                s["dnsPolicy"] = json!(d);
+            }
+            let mut all = vec![("job", "worker=app=trainer"), ("wrap", "main")];
+            all.extend(settings);
+            Shape {
+                name,
+                settings: all,
+                pod: pod(name, json!({"app": "trainer"}), json!({}), s),
+            }
+        };
     vec![
         host("host-network", vec![("address", "host-ip")], None),
         host(
@@ -1083,18 +1084,30 @@ fn host_network_checks(ns: &str, name: &str, pod: &Value) {
         _ => (Some(master), metrics),
     };
     let spec = &pod["spec"];
-    let args = |i: usize| spec["initContainers"][i]["args"].as_array().cloned().unwrap();
+    let args = |i: usize| {
+        spec["initContainers"][i]["args"]
+            .as_array()
+            .cloned()
+            .unwrap()
+    };
     let master_arg: Vec<Value> = args(0)
         .into_iter()
         .filter(|a| a.as_str().unwrap().starts_with("--master-port="))
         .collect();
-    let want: Vec<Value> = master.iter().map(|p| json!(format!("--master-port={p}"))).collect();
+    let want: Vec<Value> = master
+        .iter()
+        .map(|p| json!(format!("--master-port={p}")))
+        .collect();
     assert_eq!(master_arg, want, "{name}");
     let addr = json!(format!("--metrics-addr=0.0.0.0:{metrics}"));
     assert!(args(1).contains(&addr), "{name}: {:?}", args(1));
     let sidecar = &spec["initContainers"][1];
     assert_eq!(sidecar["ports"], Value::Null, "{name}");
-    assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], json!(metrics), "{name}");
+    assert_eq!(
+        sidecar["startupProbe"]["tcpSocket"]["port"],
+        json!(metrics),
+        "{name}"
+    );
     assert_eq!(
         pod["metadata"]["annotations"]["prometheus.io/port"],
         json!(metrics.to_string()),
@@ -1145,7 +1158,10 @@ fn host_controller_pods(kc: &std::path::Path, ns: &str, flags: &[&str]) {
         let mut opted = made_pod(&name, &template_of(&manifest), &made);
         opted["metadata"]["ownerReferences"] = owners.clone();
         opted["metadata"]["labels"]["trainlet.io/inject"] = json!("true");
-        for pair in flags.iter().map(|f| f.trim_start_matches("--").split_once('=').unwrap()) {
+        for pair in flags
+            .iter()
+            .map(|f| f.trim_start_matches("--").split_once('=').unwrap())
+        {
             opted["metadata"]["annotations"][format!("trainlet.io/{}", pair.0)] = json!(pair.1);
         }
         let mut from_inject = made_pod(&name, &template_of(&injected(&manifest, flags)), &made);

@@ -747,3 +747,114 @@ fn a_selector_that_matches_none_of_the_templates_pods_is_told() {
         "trainlet: note: stdin: document 1 (batch/v1 Job \"llm-ddp\"): injected\n"
     );
 }
+
+/// A hostNetwork Job in namespace `ml`.
+const HOSTNET_JOB: &str = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: ddp\n  namespace: ml\nspec:\n  template:\n    metadata:\n      labels: {app: ddp}\n    spec:\n      hostNetwork: true\n      containers:\n        - name: train\n          image: t:1\n          command: [torchrun, train.py]\n";
+
+/// On hostNetwork, inject chooses the job's own rendezvous and metrics ports and says
+/// so; init is told the rendezvous port, the sidecar, its probe and the annotation the
+/// metrics port; dnsPolicy is set; a second inject changes no byte.
+#[test]
+fn a_hostnetwork_job_gets_its_own_ports_and_cluster_dns() {
+    use trainlet::inject::transform::hostnet::{ports, slot};
+    let (master, metrics) = ports(slot("ml/ddp"));
+    let args = ["--job", "worker=app=ddp", "--wrap", "train"];
+    let (doc, notes) = injected_pod(&args, HOSTNET_JOB);
+    let spec = &doc["spec"]["template"]["spec"];
+    let init = spec["initContainers"][0]["args"].as_array().unwrap();
+    assert!(
+        init.contains(&json!(format!("--master-port={master}"))),
+        "{init:?}"
+    );
+    let sidecar = &spec["initContainers"][1];
+    assert!(
+        sidecar["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("--metrics-addr=0.0.0.0:{metrics}")))
+    );
+    assert_eq!(sidecar["ports"], serde_json::Value::Null);
+    assert_eq!(sidecar["startupProbe"]["tcpSocket"]["port"], json!(metrics));
+    assert_eq!(
+        doc["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"],
+        json!(metrics.to_string())
+    );
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert!(
+        notes.contains(&format!("chooses rank 0's rendezvous port {master} (--master-port, MASTER_PORT) and the sidecar's metrics port {metrics}")),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("sets dnsPolicy ClusterFirstWithHostNet (was none)"),
+        "{notes}"
+    );
+
+    let once = inject_stdin(&args, HOSTNET_JOB);
+    let twice = inject_stdin(&args, &once.stdout);
+    assert_eq!(twice.code, 0, "{}", twice.stderr);
+    assert_eq!(twice.stdout, once.stdout);
+    assert!(
+        twice
+            .stderr
+            .contains("keeps an earlier inject's --master-port="),
+        "{}",
+        twice.stderr
+    );
+}
+
+/// The flags (and their env vars) win over the choice, on hostNetwork as elsewhere.
+#[test]
+fn master_port_and_metrics_addr_flags_override_the_choice() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), HOSTNET_JOB).unwrap();
+    let r = run(trainlet()
+        .args(["inject", "--job", "worker=app=ddp", "--wrap", "train", "-f"])
+        .arg(file.path())
+        .env("TRAINLET_MASTER_PORT", "29501")
+        .env("TRAINLET_METRICS_ADDR", "0.0.0.0:9465"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("- --master-port=29501\n"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("- --metrics-addr=0.0.0.0:9465\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("prometheus.io/port: \"9465\""),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("port: 9465\n"), "{}", r.stdout);
+    assert!(!r.stderr.contains("chooses"), "{}", r.stderr);
+}
+
+/// A bad --metrics-addr or --master-port: exit 2 and one line that names the flag.
+#[test]
+fn bad_metrics_addr_and_master_port_exit_2_with_one_line() {
+    for (flag, value, why) in [
+        (
+            "--metrics-addr",
+            "off",
+            "invalid --metrics-addr \"off\": give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464",
+        ),
+        (
+            "--metrics-addr",
+            "0.0.0.0:70000",
+            "invalid --metrics-addr \"0.0.0.0:70000\": give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464",
+        ),
+        (
+            "--master-port",
+            "0",
+            "invalid --master-port \"0\": give a whole number from 1 to 65535",
+        ),
+    ] {
+        let r = inject_stdin(&["--job", "worker=app=ddp", flag, value], HOSTNET_JOB);
+        assert_eq!(r.code, 2, "{flag} {value}: {}", r.stderr);
+        assert_eq!(r.stdout, "");
+        assert_eq!(
+            r.stderr,
+            format!("trainlet: error: {why}\n"),
+            "{flag} {value}"
+        );
+    }
+}

@@ -186,12 +186,16 @@ async fn a_peer_that_succeeded_is_not_lost() {
     )
     .await;
     // The Event follows the annotation: wait for it, then see that it is the only one.
-    let w = eventually("the PeerLost of worker/2", Duration::from_secs(30), || async {
-        let w = warnings(&client, &ns).await;
-        w.iter()
-            .any(|(_, n)| n.starts_with("task worker/2 "))
-            .then_some(w)
-    })
+    let w = eventually(
+        "the PeerLost of worker/2",
+        Duration::from_secs(30),
+        || async {
+            let w = warnings(&client, &ns).await;
+            w.iter()
+                .any(|(_, n)| n.starts_with("task worker/2 "))
+                .then_some(w)
+        },
+    )
     .await;
     assert_eq!(
         w.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),

@@ -12,8 +12,8 @@ use super::{cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
-use crate::inject::transform::admission::Settings;
 use crate::inject::transform::Metrics;
+use crate::inject::transform::admission::Settings;
 use crate::inject::transform::hostnet::addr_port;
 use crate::inject::{Infer, InjectConfig, Resources};
 
@@ -131,7 +131,11 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         .iter()
         .chain(&exec_args)
         .cloned()
-        .chain(a.metrics_addr.iter().map(|v| flags::with_value(flags::METRICS_ADDR, v)))
+        .chain(
+            a.metrics_addr
+                .iter()
+                .map(|v| flags::with_value(flags::METRICS_ADDR, v)),
+        )
         .collect();
     settings(&install_to)
         .check_args(&written)

@@ -132,7 +132,10 @@ impl Ctx<'_> {
         let (master, metrics) = ports(slot(&self.identity));
         let (mut chosen, mut kept) = (Vec::new(), Vec::new());
         if chooses_master_port(&own.init_args) {
-            let port = match earlier.init_value(flags::MASTER_PORT).and_then(|v| v.parse().ok()) {
+            let port = match earlier
+                .init_value(flags::MASTER_PORT)
+                .and_then(|v| v.parse().ok())
+            {
                 Some(p) if p > 0 => {
                     kept.push(flags::with_value(flags::MASTER_PORT, p));
                     p
@@ -236,7 +239,11 @@ mod tests {
 
     #[test]
     fn slots_is_prime_and_the_ranges_avoid_nodeports_and_torchruns_port() {
-        assert!((2..SLOTS).take_while(|d| d * d <= SLOTS).all(|d| SLOTS % d != 0));
+        assert!(
+            (2..SLOTS)
+                .take_while(|d| d * d <= SLOTS)
+                .all(|d| SLOTS % d != 0)
+        );
         let (m_lo, x_lo) = ports(0);
         let (m_hi, x_hi) = ports(SLOTS - 1);
         assert_eq!((m_lo, m_hi), (20000, 24492));
@@ -252,7 +259,13 @@ mod tests {
         assert_eq!(slot("ml/ddp"), 362);
         assert_eq!(slot("ml/train"), slot("ml/train"));
         let base = slot("ml/train-1");
-        for other in ["ml/train-2", "ml/trainx1", "ml/train-10", "m1/train-1", "/train-1"] {
+        for other in [
+            "ml/train-2",
+            "ml/trainx1",
+            "ml/train-10",
+            "m1/train-1",
+            "/train-1",
+        ] {
             assert_ne!(slot(other), base, "{other}");
         }
         // Characters outside names' alphabet count as 0, in CEL's indexOf as here.

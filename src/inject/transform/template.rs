@@ -1,6 +1,7 @@
 //! A pod template: the names inject owns, its volumes, init containers, sidecar and
 //! the training container's mounts, env and (with --wrap) command.
 
+use super::hostnet::is_host_network;
 use super::own::{
     Earlier, alias_env, dropped_flags, is_injected_container, is_injected_volume, normal_path,
     same_env,
@@ -10,7 +11,6 @@ use super::parts::{
     downward_env, exec_env, init_container, mount, mount_of, observed_volume, plain,
     scrape_annotations, shm_volume, sidecar, token_volume, volume,
 };
-use super::hostnet::is_host_network;
 use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
 use super::{
     Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, InjectConfig, Node, OBSERVED_VOLUME, SHM_PATH,

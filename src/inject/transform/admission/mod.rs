@@ -71,9 +71,7 @@ fn host_variables(settings: &Settings) -> String {
     let default_addr = settings
         .all()
         .find_map(|s| match s {
-            Setting::Value { flag, default, .. } if *flag == flags::METRICS_ADDR => {
-                default.clone()
-            }
+            Setting::Value { flag, default, .. } if *flag == flags::METRICS_ADDR => default.clone(),
             _ => None,
         })
         .unwrap_or_default();

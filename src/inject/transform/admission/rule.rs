@@ -528,7 +528,12 @@ mod tests {
 
     #[test]
     fn listen_addresses_are_ipv4_or_any_ipv6_with_a_port() {
-        for ok in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:1", "255.255.255.255:65535"] {
+        for ok in [
+            "0.0.0.0:9464",
+            "[::]:9464",
+            "10.1.2.3:1",
+            "255.255.255.255:65535",
+        ] {
             assert_eq!(Rule::Addr.check(ok), Ok(()), "{ok}");
             assert!(ok.parse::<std::net::SocketAddr>().is_ok(), "{ok}");
         }
