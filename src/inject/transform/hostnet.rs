@@ -242,7 +242,7 @@ mod tests {
         assert!(
             (2..SLOTS)
                 .take_while(|d| d * d <= SLOTS)
-                .all(|d| SLOTS % d != 0)
+                .all(|d| !SLOTS.is_multiple_of(d))
         );
         let (m_lo, x_lo) = ports(0);
         let (m_hi, x_hi) = ports(SLOTS - 1);
