@@ -4,7 +4,7 @@
 //! chosen from the job's identity (its namespace and workload name) by [`slot`]: the
 //! same job always gets the same pair (a second inject changes nothing), two jobs get
 //! different ones with high probability. The admission policy computes the very same
-//! number in CEL ([`slot_cel`]), which has no hash function: hence a sum of character
+//! number in CEL (`admission::host`), which has no hash function: hence a sum of character
 //! codes weighted by position, which CEL can compute with `split`, `indexOf`,
 //! `transformList` and `sum`.
 //!
@@ -28,9 +28,9 @@ pub const MASTER_BASE: u16 = 20000;
 pub const METRICS_BASE: u16 = 25000;
 /// The characters of Kubernetes names, whose codes the sum weighs (1-based: 0 is any
 /// other character).
-const ALPHABET: &str = "abcdefghijklmnopqrstuvwxyz0123456789-./";
+pub const ALPHABET: &str = "abcdefghijklmnopqrstuvwxyz0123456789-./";
 /// Spreads the sums of short names over every slot.
-const MULTIPLIER: u64 = 7919;
+pub const MULTIPLIER: u64 = 7919;
 /// The most characters of an identity that count: a namespace (63), `/` and a name
 /// (253).
 pub const MAX_IDENTITY: usize = 320;
@@ -60,14 +60,6 @@ pub fn slot(identity: &str) -> u32 {
 pub fn ports(slot: u32) -> (u16, u16) {
     let s = u16::try_from(slot % SLOTS).expect("below SLOTS");
     (MASTER_BASE + s, METRICS_BASE + s)
-}
-
-/// [`slot`] in CEL, of the CEL string expression `identity`.
-pub fn slot_cel(identity: &str) -> String {
-    format!(
-        "(([{identity}].map(s, size(s) > {MAX_IDENTITY} ? s.substring(0, {MAX_IDENTITY}) : s)[0].split('').transformList(i, c, ({alphabet}.indexOf(c) + 1) * (i + 1)).sum() * {MULTIPLIER}) % {SLOTS})",
-        alphabet = super::admission::cel_string(ALPHABET),
-    )
 }
 
 /// `--metrics-addr=0.0.0.0:PORT`'s value for a chosen port.
@@ -152,7 +144,7 @@ impl Ctx<'_> {
         }
         if !own.metrics.given {
             let addr = match earlier.sidecar_value(flags::METRICS_ADDR) {
-                Some(a) if super::admission::Rule::Addr.check(&a).is_ok() => {
+                Some(a) if a.parse::<std::net::SocketAddr>().is_ok() && addr_port(&a).is_some() => {
                     kept.push(flags::with_value(flags::METRICS_ADDR, &a));
                     a
                 }

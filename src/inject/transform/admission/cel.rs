@@ -53,6 +53,6 @@ pub fn cel(v: &Value, ty: &str) -> String {
 }
 
 /// A CEL string literal: JSON's escapes are CEL's.
-pub(in crate::inject::transform) fn cel_string(s: &str) -> String {
+pub(super) fn cel_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }

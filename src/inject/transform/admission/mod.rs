@@ -25,21 +25,23 @@ use serde_json::Value;
 use super::own::alias_env;
 use super::parts::{
     downward_env, exec_env, init_container, mount, mount_of, observed_volume, scrape_annotations,
-    sidecar, token_volume, volume,
+    token_volume, volume,
 };
 use super::wrapper::EXEC_ENV;
 use crate::inject::yaml::to_json;
 
 mod cel;
+mod host;
 mod rule;
 mod settings;
 mod validate;
 
-use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME, hostnet, launcher};
+use super::{DEFAULT_TOKEN_PREFIX, EXEC_FLAGS, InjectConfig, OBSERVED_VOLUME, launcher};
 use crate::flags;
 pub use cel::cel;
-pub(in crate::inject::transform) use cel::cel_string;
+use cel::cel_string;
 use cel::raw;
+use host::{host_variables, policy_sidecar};
 pub use rule::{MAX_ITEMS, MAX_JOB_LEN, MAX_LEN, Rule};
 use settings::annotation;
 pub use settings::{LABEL, NAME, PREFIX, Setting, Settings, WRAP};
@@ -57,66 +59,6 @@ fn value(flag: &str) -> String {
         flags::METRICS_ADDR => "variables.metricsAddr".to_string(),
         _ => annotation(flag),
     }
-}
-
-/// The variables of a hostNetwork pod's ports, after [`framework_variables`]: the
-/// job's identity (the namespace, and the workload's name as inject sees it: a
-/// JobSet's, the controller's without a Deployment's ReplicaSet suffix, else the
-/// pod's own), its slot ([`hostnet::slot_cel`]), and the ports it gives where no
-/// annotation does.
-fn host_variables(settings: &Settings) -> String {
-    let labels = "(has(object.metadata.labels) ? object.metadata.labels : {})";
-    let hash = format!("{labels}[?'pod-template-hash'].orValue('')");
-    let controller = "object.metadata.ownerReferences.filter(r, has(r.controller) && r.controller)";
-    let default_addr = settings
-        .all()
-        .find_map(|s| match s {
-            Setting::Value { flag, default, .. } if *flag == flags::METRICS_ADDR => default.clone(),
-            _ => None,
-        })
-        .unwrap_or_default();
-    let task_port = format!(
-        "{} == '' && {} == ''",
-        annotation(flags::PORT),
-        annotation(flags::PORT_NAME)
-    );
-    format!(
-        r#"    - name: hostNetwork
-      expression: >-
-        has(object.spec.hostNetwork) && object.spec.hostNetwork
-    - name: workload
-      expression: >-
-        {labels}[?'jobset.sigs.k8s.io/jobset-name'].orValue(
-        has(object.metadata.ownerReferences) && size({controller}) > 0 ?
-        {controller}.map(r, r.kind == 'ReplicaSet' && {hash} != '' && r.name.endsWith('-' + {hash}) ? r.name.substring(0, size(r.name) - size({hash}) - 1) : r.name)[0] :
-        has(object.metadata.name) && object.metadata.name != '' ? object.metadata.name :
-        has(object.metadata.generateName) ? object.metadata.generateName : '')
-    - name: identity
-      expression: >-
-        request.namespace + '/' + variables.workload
-    - name: slot
-      expression: >-
-        {slot}
-    - name: masterPort
-      expression: >-
-        {master} != '' ? {master} :
-        variables.hostNetwork && ({task_port} || variables.framework.split(',').exists(f, f == 'mpi')) ?
-        string({master_base} + variables.slot) : ''
-    - name: metricsAddr
-      expression: >-
-        {metrics} != '' ? {metrics} :
-        variables.hostNetwork ? '0.0.0.0:' + string({metrics_base} + variables.slot) : {default_addr}
-    - name: metricsPort
-      expression: >-
-        int(variables.metricsAddr.substring(variables.metricsAddr.lastIndexOf(':') + 1))
-"#,
-        slot = hostnet::slot_cel("variables.identity"),
-        master = annotation(flags::MASTER_PORT),
-        metrics = annotation(flags::METRICS_ADDR),
-        master_base = hostnet::MASTER_BASE,
-        metrics_base = hostnet::METRICS_BASE,
-        default_addr = cel_string(&default_addr),
-    )
 }
 
 /// The variables that read the wrapped container's command and args as
@@ -376,23 +318,6 @@ fn command_variables(cfg: &InjectConfig) -> String {
 "#,
         exec = cel_string(flags::EXEC),
     )
-}
-
-/// The sidecar as inject makes it, its port from `variables.metricsPort`: its
-/// containerPort on a pod network, its startup probe's on hostNetwork (where it
-/// declares none, and the probe names the port by number).
-fn policy_sidecar(cfg: &InjectConfig, wrapped: bool, host: bool) -> Value {
-    let mut c = shape(cfg, wrapped);
-    c.host_network = host;
-    let mut side = with_args(to_json(&sidecar(&c)), "variables.sidecarArgs");
-    let port = raw("variables.metricsPort");
-    if let Some(p) = side.pointer_mut("/ports/0/containerPort") {
-        *p = port.clone();
-    }
-    if host && let Some(p) = side.pointer_mut("/startupProbe/tcpSocket/port") {
-        *p = port;
-    }
-    side
 }
 
 /// trainlet's init container and sidecar, first in the pod's init containers: a CEL
@@ -660,7 +585,7 @@ spec:
         frameworks = framework_variables(),
         host = host_variables(settings),
         sidecar_args = args(&settings.sidecar),
-        host_dns = cel_string(hostnet::CLUSTER_FIRST_WITH_HOST_NET),
+        host_dns = cel_string(super::hostnet::CLUSTER_FIRST_WITH_HOST_NET),
         unmount_init = unmount("\"/spec/initContainers/\" + string(i)"),
         remove_tokens = remove_where("object.spec.volumes", "\"/spec/volumes\"", &token()),
         containers = containers_patch(cfg),
