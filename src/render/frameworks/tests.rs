@@ -205,6 +205,7 @@ fn elastic_hands_the_ranks_to_the_rendezvous() {
             ("PET_RDZV_BACKEND", "c10d"),
             ("PET_RDZV_ENDPOINT", "10.0.0.5:29500"),
             ("PET_RDZV_ID", "uid-job"),
+            ("PET_LOCAL_ADDR", "10.0.0.7"),
         ])
     );
 }

@@ -7,7 +7,8 @@
 //!   ([`super::Nproc`]), and `RANK` is the pod's rank: torchrun overwrites both for the
 //!   processes it starts.
 //! - `PET_*`, which torchrun reads as the defaults of its flags
-//!   (`torch/distributed/argparse_util.py`, `env` action: `PET_<FLAG>`).
+//!   (`torch/distributed/argparse_util.py`, `env` action: `PET_<FLAG>`); with the
+//!   c10d rendezvous, `PET_LOCAL_ADDR` too: this pod's address, as `--local-addr`.
 //!
 //! Unlike Kubeflow, `MASTER_ADDR` is rank 0's address (its pod IP by default) rather
 //! than a Service name, and the default port is torchrun's own, 29500.
@@ -40,13 +41,23 @@ pub fn vars(
     ];
     match elastic {
         // The c10d rendezvous assigns node ranks and the world size as pods join.
-        Some(e) => v.extend([
-            ("PET_NNODES", format!("{}:{}", e.min, e.max)),
-            ("PET_NPROC_PER_NODE", nproc),
-            ("PET_RDZV_BACKEND", "c10d".into()),
-            ("PET_RDZV_ENDPOINT", address::join(&addr, port)),
-            ("PET_RDZV_ID", run_id.to_string()),
-        ]),
+        Some(e) => {
+            v.extend([
+                ("PET_NNODES", format!("{}:{}", e.min, e.max)),
+                ("PET_NPROC_PER_NODE", nproc),
+                ("PET_RDZV_BACKEND", "c10d".into()),
+                ("PET_RDZV_ENDPOINT", address::join(&addr, port)),
+                ("PET_RDZV_ID", run_id.to_string()),
+            ]);
+            // What each agent publishes in the rendezvous as its node's address, where
+            // the node that gets group rank 0 serves its workers' store: without it,
+            // torchrun publishes the pod's hostname (`<job>-0` for an Indexed Job),
+            // which no DNS resolves without a headless Service, and every worker of
+            // the other pods waits for the store until the rendezvous times out.
+            if let Some(own) = ranks.own.map(|r| ranks.tasks[r]) {
+                v.push(("PET_LOCAL_ADDR", address::host(&own.address).to_string()));
+            }
+        }
         None => {
             let rank = ranks.own.map(|r| r.to_string()).unwrap_or_default();
             v.extend([
