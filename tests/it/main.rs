@@ -55,6 +55,7 @@ mod lifecycle;
 mod monitoring;
 mod node_cgroup2;
 mod node_examples;
+mod node_launchers;
 mod node_pods;
 mod node_quickstart;
 mod node_stall;
