@@ -471,8 +471,11 @@ pub struct StallArgs {
     /// DeepSpeed, Horovod, MultiWorkerMirroredStrategy, JAX, MPI), where a rank that
     /// hangs stops every other in the next collective. `pod`: each pod is stalled when
     /// its CMD made progress and then none for --stall-after, whatever the others do:
-    /// asynchronous training, where a worker can hang alone. `auto`: `pod` when the
-    /// cluster has a `ps` type (TensorFlow's ParameterServerStrategy), else `job`.
+    /// pods that each print on their own. `auto`: `job`, and, when the cluster has a
+    /// `ps` type (TensorFlow's ParameterServerStrategy, whose workers can hang alone),
+    /// each pod whose CMD signalled progress (the heartbeat file, a --progress-pattern
+    /// match, a Kubeflow report) and then made none; parameter servers print start-up
+    /// lines and then serve in silence, which no stall is.
     #[arg(long = flags::STALL_SCOPE, env = "TRAINLET_STALL_SCOPE", value_enum, value_name = "SCOPE", default_value_t = defaults::STALL_SCOPE)]
     pub stall_scope: StallScope,
 

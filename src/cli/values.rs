@@ -267,8 +267,11 @@ pub enum Stall {
 /// `exec --stall-scope`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StallScope {
-    /// `pod` when the cluster has a `ps` type (TensorFlow's ParameterServerStrategy,
-    /// whose workers train asynchronously), else `job`.
+    /// `job`; with a `ps` type in the cluster (TensorFlow's ParameterServerStrategy,
+    /// whose workers train asynchronously), also each pod whose CMD signalled progress
+    /// (the heartbeat file, a --progress-pattern match, a Kubeflow report) and then made
+    /// none for --stall-after: parameter servers print start-up lines, then serve in
+    /// silence.
     Auto,
     /// The job is stalled when no pod of it made progress for --stall-after; rank 0's
     /// pod says so. A pod that is quiet while another makes progress is only silent.

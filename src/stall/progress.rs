@@ -52,14 +52,22 @@ pub enum Scope {
     /// Each pod is stalled when its CMD made progress and then none for
     /// `--stall-after`, whatever the other pods do.
     Pod,
+    /// What `auto` means with parameter servers: the job's rule, and besides it each
+    /// pod is stalled when its CMD gave a *signal* of progress (a heartbeat, a line
+    /// `--progress-pattern` matches, a Kubeflow report) and then no progress for
+    /// `--stall-after`. Parameter servers, and TensorFlow 2's workers, print
+    /// TensorFlow's start-up lines and then serve in silence: a line alone cannot tell
+    /// a hung worker from a healthy server, a signal the trainer chose can.
+    Async,
 }
 
 impl Scope {
-    /// The scope `--stall-scope auto` means: per pod when the cluster has TensorFlow's
-    /// parameter servers (`ps`, whose workers train asynchronously), else the job.
+    /// The scope `--stall-scope auto` means: [`Scope::Async`] when the cluster has
+    /// TensorFlow's parameter servers (`ps`, whose workers train asynchronously), else
+    /// the job.
     pub fn of(cluster_types: &[&str]) -> Scope {
         if cluster_types.contains(&PS) {
-            Scope::Pod
+            Scope::Async
         } else {
             Scope::Job
         }
@@ -180,6 +188,11 @@ impl Pattern {
         }
     }
 
+    /// Whether `--progress-pattern` was given: a matching line is then a signal.
+    pub fn is_given(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Whether a line can give a step: the pattern has a group.
     pub fn has_steps(&self) -> bool {
         self.0.as_ref().is_some_and(|re| re.captures_len() > 1)
@@ -217,6 +230,10 @@ pub fn step(n: f64) -> Option<f64> {
 pub struct Progress {
     /// When, by the wall clock: what peers and people compare.
     pub at: Option<SystemTime>,
+    /// The last progress CMD signalled on purpose: a heartbeat, a line the pattern
+    /// matched, a Kubeflow report (not any line, where no pattern is given):
+    /// [`Scope::Async`]'s own stalls.
+    pub signalled: Option<SystemTime>,
     /// The last step a matching line gave.
     pub step: Option<f64>,
     /// The last line that was progress, at most [`MAX_QUOTE`] characters.
@@ -258,6 +275,9 @@ impl Progress {
             return;
         };
         self.at = Some(now);
+        if pattern.is_given() {
+            self.signalled = Some(now);
+        }
         if step.is_some() {
             self.step = step;
         }
@@ -269,6 +289,7 @@ impl Progress {
     /// ([`step`]) when it gives one.
     pub fn on_report(&mut self, mut reported: Reported, step_given: Option<f64>, now: SystemTime) {
         self.at = Some(now);
+        self.signalled = Some(now);
         if let Some(s) = step_given.and_then(step) {
             self.step = Some(s);
         }
@@ -280,6 +301,7 @@ impl Progress {
     /// time of the progress is exec's, never the mtime CMD set.
     pub fn on_heartbeat(&mut self, now: SystemTime) {
         self.at = Some(now);
+        self.signalled = Some(now);
     }
 }
 

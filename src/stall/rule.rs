@@ -63,6 +63,11 @@ pub enum Standing {
 ///   when its progress was the job's last, else the job's). Every other pod is at most
 ///   silent: a rank quiet while another progresses waits in no hung collective, and a
 ///   hung job is told once, by one pod.
+/// - [`Scope::Async`]: the job's rule, and a pod whose CMD `signalled` progress (a
+///   heartbeat, a matching line, a report) and then made none for `after` is stalled
+///   too, whatever the other pods do: the worker of an asynchronous job that hangs
+///   alone. A pod that only printed (parameter servers, TensorFlow 2's workers, after
+///   TensorFlow's start-up lines) is at most silent.
 /// - [`Scope::Pod`]: a pod whose CMD made progress and then none for `after` is stalled
 ///   (the worker that hangs alone). One that has shown none since it `started` is
 ///   silent, no stall: the ranks that never print. The job as a whole is stalled when
@@ -76,11 +81,26 @@ pub fn judge(
     job: JobView,
     now: SystemTime,
 ) -> Standing {
+    judge_signalled(started, (last, None), after, job, now)
+}
+
+/// [`judge`], with the last progress `signalled` on purpose besides the `last` of any
+/// kind: ([`Progress::at`], [`Progress::signalled`]).
+pub fn judge_signalled(
+    started: SystemTime,
+    (last, signalled): (Option<SystemTime>, Option<SystemTime>),
+    after: Duration,
+    job: JobView,
+    now: SystemTime,
+) -> Standing {
     let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
     let own = last.filter(|at| *at > started);
     let peer = job.peer_progress.filter(|at| *at > started);
     if own.is_some_and(|at| since(at) < after) {
         return Standing::Progressing;
+    }
+    if job.scope == Scope::Async && signalled.is_some_and(|at| at > started) {
+        return Standing::Stalled(StallKind::Own);
     }
     match (job.scope, own) {
         (Scope::Pod, Some(_)) => Standing::Stalled(StallKind::Own),
@@ -88,7 +108,7 @@ pub fn judge(
             Standing::Stalled(StallKind::Job)
         }
         (Scope::Pod, None) => Standing::Silent,
-        (Scope::Job, _) => {
+        (Scope::Job | Scope::Async, _) => {
             let latest = own.max(peer).unwrap_or(started);
             if !job.speaks_for_job || since(latest) < after {
                 Standing::Silent
@@ -157,7 +177,9 @@ impl StallWatch {
     pub fn anchor(&self, progress: &Progress) -> SystemTime {
         let peer = self
             .job
-            .filter(|j| j.scope == Scope::Job)
+            .filter(|j| {
+                j.scope == Scope::Job || (j.scope == Scope::Async && progress.signalled.is_none())
+            })
             .and_then(|j| j.peer_progress);
         progress
             .at
@@ -175,9 +197,11 @@ impl StallWatch {
     /// only after it, moves the moment, and exec may get to it late. None either in
     /// [`Scope::Job`] for a pod that does not speak for the job: it never stalls.
     pub fn due(&self, progress: &Progress) -> Option<SystemTime> {
-        let mute = self
-            .job
-            .is_some_and(|j| j.scope == Scope::Job && !j.speaks_for_job);
+        let mute = self.job.is_some_and(|j| {
+            !j.speaks_for_job
+                && (j.scope == Scope::Job
+                    || (j.scope == Scope::Async && progress.signalled.is_none()))
+        });
         if self.stalled() || mute {
             return None;
         }
@@ -196,7 +220,8 @@ impl StallWatch {
         let was = self.stalled();
         self.judged = Some(now);
         self.job = Some(job);
-        self.standing = judge(self.since, progress.at, self.after, job, now);
+        let own = (progress.at, progress.signalled);
+        self.standing = judge_signalled(self.since, own, self.after, job, now);
         match (was, self.standing) {
             (false, Standing::Stalled(kind)) => {
                 self.stalls = self.stalls.saturating_add(1);

@@ -1,5 +1,5 @@
-//! The stall rule's two scopes ([`Scope`]), transition by transition: the job's
-//! silence (the default), and each pod's (asynchronous training, `ps`).
+//! The stall rule's scopes ([`Scope`]), transition by transition: the job's
+//! silence (the default), each pod's, and the asynchronous jobs' (`ps`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -195,11 +195,12 @@ fn the_scopes_differ_only_for_a_pod_quiet_while_the_job_goes_on() {
     }
 }
 
-/// `auto`: per pod when the cluster has TensorFlow's parameter servers, else the job.
+/// `auto`: asynchronous when the cluster has TensorFlow's parameter servers, else the
+/// job.
 #[test]
-fn auto_is_per_pod_with_parameter_servers_only() {
-    assert_eq!(Scope::of(&["chief", "ps", "worker"]), Scope::Pod);
-    assert_eq!(Scope::of(&["ps"]), Scope::Pod);
+fn auto_is_asynchronous_with_parameter_servers_only() {
+    assert_eq!(Scope::of(&["chief", "ps", "worker"]), Scope::Async);
+    assert_eq!(Scope::of(&["ps"]), Scope::Async);
     assert_eq!(Scope::of(&["worker"]), Scope::Job);
     assert_eq!(Scope::of(&["master", "worker"]), Scope::Job);
     assert_eq!(Scope::of(&["chief", "worker", "evaluator"]), Scope::Job);
@@ -207,9 +208,10 @@ fn auto_is_per_pod_with_parameter_servers_only() {
 }
 
 /// exec's watch decides `auto` from `cluster.json`: worker 1 of a job with a `ps`
-/// type, quiet 3 s after its line while a peer progressed, is stalled (per pod);
-/// the same worker without `ps` is silent (job-wide), and so it is with `--stall-scope
-/// job` whatever the cluster.
+/// type, quiet 3 s after its heartbeat while a peer progressed, is stalled (per pod:
+/// a signal), and silent after a plain line; the same worker without `ps` is silent
+/// (job-wide) either way, and so it is with `--stall-scope job` whatever the cluster;
+/// `--stall-scope pod` counts any line.
 #[test]
 fn exec_decides_auto_from_the_cluster_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,7 +228,7 @@ fn exec_decides_auto_from_the_cluster_file() {
         std::fs::write(&path, text).unwrap();
         path
     };
-    let stalled_at = |scope: Option<Scope>, types: &str| {
+    let stalled_at = |scope: Option<Scope>, types: &str, beat: bool| {
         let cfg = WatchConfig {
             stall_after: Some(AFTER),
             pattern: Pattern::default(),
@@ -236,14 +238,95 @@ fn exec_decides_auto_from_the_cluster_file() {
         let mut w = Watching::new(&cfg, Some(&cluster(types)), t(0));
         let mut p = Progress::default();
         line(&mut p, "step 1", 1_000);
+        if beat {
+            p.on_heartbeat(t(1_000));
+        }
         w.check(&p, Some(t(3_500)), t(4_000), Vec::new)
     };
     let own = Some(News::Stalled {
         n: 1,
         note: "no progress for 3s; last output \"step 1\"".into(),
     });
-    assert_eq!(stalled_at(None, "ps,worker"), own);
-    assert_eq!(stalled_at(None, "worker"), None);
-    assert_eq!(stalled_at(Some(Scope::Job), "ps,worker"), None);
-    assert_eq!(stalled_at(Some(Scope::Pod), "worker"), own);
+    assert_eq!(stalled_at(None, "ps,worker", true), own);
+    assert_eq!(stalled_at(None, "ps,worker", false), None);
+    assert_eq!(stalled_at(None, "worker", true), None);
+    assert_eq!(stalled_at(Some(Scope::Job), "ps,worker", true), None);
+    assert_eq!(stalled_at(Some(Scope::Pod), "worker", false), own);
+}
+
+/// With parameter servers (`auto`): a parameter server prints TensorFlow's start-up
+/// line and then serves in silence while the chief logs and the workers beat; it is
+/// silent, never stalled, and nothing is due for it.
+#[test]
+fn async_a_parameter_server_quiet_after_its_start_up_line_is_silent() {
+    let mut ps = StallWatch::new(AFTER, t(0));
+    let mut p = Progress::default();
+    line(&mut p, "oneDNN custom operations are on.", 400);
+    for (now, peer) in [(3_400, 3_000), (10_000, 9_800), (60_000, 59_500)] {
+        let job = view(Scope::Async, false, Some(peer));
+        assert_eq!(ps.check(&p, job, t(now)), None, "at {now} ms");
+        assert_eq!(ps.standing, Standing::Silent);
+        assert_eq!(ps.due(&p), None);
+    }
+    assert_eq!(ps.stalls, 0);
+}
+
+/// A worker whose heartbeat stops while the others train on is stalled alone, at its
+/// last heartbeat plus `--stall-after`.
+#[test]
+fn async_a_worker_whose_heartbeat_stops_is_stalled_alone() {
+    let mut worker = StallWatch::new(AFTER, t(0));
+    let mut p = Progress::default();
+    line(&mut p, "oneDNN custom operations are on.", 400);
+    for at in [1_000, 2_000, 3_000] {
+        p.on_heartbeat(t(at));
+    }
+    let job = view(Scope::Async, false, Some(5_900));
+    assert_eq!(worker.due(&p), Some(t(6_000)));
+    assert_eq!(worker.check(&p, job, t(5_999)), None);
+    assert_eq!(worker.standing, Standing::Progressing);
+    assert_eq!(
+        worker.check(&p, job, t(6_000)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
+    );
+}
+
+/// A matching line of `--progress-pattern` is a signal too; a line without a pattern
+/// is not, and the chief that only prints speaks for the job by the job's rule: not
+/// stalled while a worker beats, stalled once nothing of the job moves.
+#[test]
+fn async_a_matching_line_is_a_signal_and_a_plain_one_follows_the_jobs_rule() {
+    let pattern = Pattern::new(Some(r"step (\d+)")).unwrap();
+    let mut p = Progress::default();
+    p.on_line(&pattern, b"step 7", t(1_000));
+    assert_eq!(p.signalled, Some(t(1_000)));
+    let mut worker = StallWatch::new(AFTER, t(0));
+    let job = view(Scope::Async, false, Some(3_900));
+    assert_eq!(
+        worker.check(&p, job, t(4_000)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Own
+        })
+    );
+
+    let mut chief = StallWatch::new(AFTER, t(0));
+    let mut c = Progress::default();
+    line(&mut c, "step 3 scheduled", 1_000);
+    assert_eq!(c.signalled, None);
+    let beating = view(Scope::Async, true, Some(3_900));
+    assert_eq!(chief.check(&c, beating, t(4_000)), None);
+    assert_eq!(chief.standing, Standing::Silent);
+    assert_eq!(chief.due(&c), Some(t(6_900)));
+    let quiet = view(Scope::Async, true, Some(3_900));
+    assert_eq!(
+        chief.check(&c, quiet, t(6_900)),
+        Some(Transition::Stalled {
+            n: 1,
+            kind: StallKind::Job
+        })
+    );
 }

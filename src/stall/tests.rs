@@ -86,6 +86,7 @@ fn progress_keeps_the_last_step_and_line() {
         pr,
         Progress {
             at: Some(t(11)),
+            signalled: Some(t(11)),
             step: Some(3.0),
             line: "eval".into(),
             stepped: false,
@@ -327,6 +328,7 @@ fn per_pod_a_pod_that_printed_and_stopped_is_stalled() {
 fn the_note_says_what_was_seen() {
     let p = Progress {
         at: None,
+        signalled: None,
         step: Some(145.0),
         line: "step 145 loss 0.3".into(),
         stepped: true,
