@@ -330,3 +330,29 @@ fn async_a_matching_line_is_a_signal_and_a_plain_one_follows_the_jobs_rule() {
         })
     );
 }
+
+/// A peer's stall restarts this pod's CMD job-wide and per pod (the group forms
+/// again), never with parameter servers: the chief and the other workers train on
+/// while the hung worker restarts alone.
+#[test]
+fn with_parameter_servers_a_peers_stall_restarts_nothing_here() {
+    let peer = [super::peers::PeerStall {
+        pod: "ps-3".into(),
+        since: t(5_000),
+        ongoing: true,
+    }];
+    let act = |scope: Scope| {
+        let cfg = WatchConfig {
+            stall_after: Some(AFTER),
+            pattern: Pattern::default(),
+            heartbeat: None,
+            scope: Some(scope),
+        };
+        let w = Watching::new(&cfg, None, t(0));
+        w.to_act_on(|| unreachable!(), &peer, Some("ps-0"))
+    };
+    let restart = Some("pod ps-3 made no progress since 2027-01-15T08:00:05Z".to_string());
+    assert_eq!(act(Scope::Job), restart);
+    assert_eq!(act(Scope::Pod), restart);
+    assert_eq!(act(Scope::Async), None);
+}

@@ -184,7 +184,8 @@ impl Watching {
 
     /// The stall to act on (`--on-stall restart|exit`): this pod's own (`container`
     /// names it, asked only then), the job's, or a peer's that this run of CMD did not
-    /// answer yet.
+    /// answer yet; never a peer's in [`Scope::Async`], whose pods wait for no other:
+    /// the chief and the other workers train on while a hung worker restarts.
     pub fn to_act_on(
         &self,
         container: impl FnOnce() -> String,
@@ -202,6 +203,9 @@ impl Watching {
                 }
                 _ => {}
             }
+        }
+        if self.scope == Scope::Async {
+            return None;
         }
         to_act_on(peers, own, self.started, &self.acted).map(|s| {
             format!(

@@ -496,8 +496,7 @@ async fn stalled_and_restarted(on: &On, job: &str, pods: &[Pod]) {
     let last = cmd_output(on, job)
         .await
         .into_iter()
-        .filter(|(t, _)| seconds(t, at) > 2.0)
-        .next_back()
+        .rfind(|(t, _)| seconds(t, at) > 2.0)
         .unwrap();
     let late = seconds(&last.0, at);
     assert!(
