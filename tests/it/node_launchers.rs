@@ -31,6 +31,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::node_pods::{On, plain_job, pod_spec};
+use crate::node_two::framework_namespace;
 use crate::support::jobs::{index_of, job_pods};
 use crate::support::*;
 
@@ -112,16 +113,7 @@ fn freeze(on: &On, pod: &str, worker: &str) -> String {
 /// A privileged namespace (the venv is mounted by hostPath) with trainlet's RBAC and
 /// the training scripts in ConfigMap `scripts`.
 async fn corpus_namespace(prefix: &str) -> Result<On, Missing> {
-    let kc = node()?;
-    let client = client_from(kc).await;
-    let ns = namespace_with_labels(
-        &client,
-        prefix,
-        &[("pod-security.kubernetes.io/enforce", "privileged")],
-    )
-    .await;
-    let manifests = repo().join("manifests");
-    kubectl_clean(kc, &["apply", "-k", manifests.to_str().unwrap(), "-n", &ns]);
+    let on = framework_namespace(node()?, prefix).await;
     let dir = repo().join("tests/fixtures/launchers");
     let (mut data, mut binary) = (BTreeMap::new(), BTreeMap::new());
     let built = tempfile::tempdir().unwrap();
@@ -152,11 +144,11 @@ async fn corpus_namespace(prefix: &str) -> Result<On, Missing> {
         binary_data: Some(binary),
         ..Default::default()
     };
-    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+    Api::<ConfigMap>::namespaced(on.client.clone(), &on.ns)
         .create(&PostParams::default(), &cm)
         .await
         .unwrap();
-    Ok(On { kc, client, ns })
+    Ok(on)
 }
 
 /// The training container: the venv's launcher on a script of the ConfigMap.

@@ -85,7 +85,7 @@ fn assert_across(pods: &[Pod]) {
 
 /// The namespace of a framework job: `privileged`, the venv being mounted by hostPath
 /// (node_pods.rs), with trainlet's RBAC.
-async fn framework_namespace(kc: &'static std::path::Path, prefix: &str) -> On {
+pub(crate) async fn framework_namespace(kc: &'static std::path::Path, prefix: &str) -> On {
     let client = client_from(kc).await;
     let ns = namespace_with_labels(
         &client,
