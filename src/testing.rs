@@ -1,5 +1,6 @@
-//! Shared settings of the property tests: a fixed case budget and a fixed seed, so the
-//! README's test command runs each in well under a minute and fails the same way twice.
+//! What the unit tests share: the property tests' fixed case budget and seed (so the
+//! README's test command runs each in well under a minute and fails the same way
+//! twice), and a pod's labels from pairs.
 
 use proptest::test_runner::{Config, RngSeed};
 
@@ -12,4 +13,12 @@ pub fn budget(cases: u32) -> Config {
         failure_persistence: None,
         ..Config::default()
     }
+}
+
+/// A pod's labels from `(key, value)` pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }

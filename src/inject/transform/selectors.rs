@@ -143,13 +143,7 @@ pub fn unmatched(labels: &PodLabels, init_args: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::testing::labels;
 
     fn job(sel: &str) -> Vec<String> {
         vec![format!("--job=worker={sel}")]
