@@ -77,6 +77,7 @@ pub const EXIT_WITH_MAIN: &str = "exit-with-main";
 // `exec`.
 pub const REPORT: &str = "report";
 pub const ON_PEER_CHANGE: &str = "on-peer-change";
+pub const ON_FAILURE: &str = "on-failure";
 pub const MAX_RESTARTS: &str = "max-restarts";
 pub const STALL_AFTER: &str = "stall-after";
 pub const ON_STALL: &str = "on-stall";

@@ -20,6 +20,8 @@ use crate::stall::peers::PeerStall;
 use crate::stall::progress::{Metric, Reported};
 use crate::stall::watching::News;
 use crate::supervise::child::Child;
+use crate::supervise::decide::Failed;
+use crate::supervise::group::{PeerFailure, PeerRun};
 use crate::supervise::lifecycle::{self, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
 use crate::{Code, Failure, flags, kubeflow};
@@ -132,6 +134,7 @@ impl Reporter for Engine {
                 || cmd.exit.is_some()
                 || self.act_on_stale().is_some()
                 || self.act_on_stall().is_some()
+                || self.act_on_failure().is_some()
             {
                 break;
             }
@@ -144,6 +147,7 @@ impl Reporter for Engine {
             terminating: self.life.terminating,
             stale: self.act_on_stale(),
             stalled: self.act_on_stall(),
+            failed: self.act_on_failure(),
         }
     }
 
@@ -236,11 +240,28 @@ impl Reporter for Engine {
         self.peers.as_ref().and_then(|p| p.generation)
     }
 
+    fn whose(&self) -> String {
+        Engine::whose(self)
+    }
+
+    async fn failed(&mut self, failed: &Failed) {
+        self.publish_failure(failed).await;
+    }
+
+    fn pass(&mut self) {
+        self.pass_failures();
+    }
+
+    async fn barrier(&mut self, since: SystemTime, until: Instant) -> Vec<String> {
+        Engine::barrier(self, since, until).await
+    }
+
     fn started_again(&mut self) {
         if let Some(r) = self.outgoing.as_mut().and_then(|o| o.restart.as_mut()) {
             r.waiting = false;
         }
         self.progress_restarted();
+        self.group_restarted(SystemTime::now());
         // The new cluster is the one to watch from now on, from a fresh list: the old
         // watches were not read while CMD was down, and what they buffered would first
         // show the new cluster stale again.
@@ -401,6 +422,22 @@ impl ClusterView<'_> {
         match self {
             ClusterView::Watch(w) => w.stalled(),
             ClusterView::File(f) => f.stalled(),
+        }
+    }
+
+    /// The peers that published a failure that asks for a restart.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        match self {
+            ClusterView::Watch(w) => w.failures(),
+            ClusterView::File(f) => f.failures(),
+        }
+    }
+
+    /// The peers' runs of CMD.
+    pub fn runs(&self) -> Vec<PeerRun> {
+        match self {
+            ClusterView::Watch(w) => w.runs(),
+            ClusterView::File(f) => f.runs(),
         }
     }
 

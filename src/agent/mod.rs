@@ -26,6 +26,7 @@ mod config;
 mod evaluate;
 mod exec;
 mod gpu;
+mod group;
 mod input;
 mod link;
 mod observations;
@@ -53,7 +54,7 @@ use crate::report::probe::oom::OomKill;
 use crate::report::probe::oom::watch::OomWatch;
 use crate::report::probe::ports::listeners::{self, Listeners};
 use crate::report::state::State;
-use crate::supervise::policy::{OnPeerChange, OnStall};
+use crate::supervise::policy::{OnFailure, OnPeerChange, OnStall};
 pub use config::{Config, Mode, ReportError};
 pub use exec::exec_reporter;
 use link::Link;
@@ -64,6 +65,8 @@ pub struct Engine {
     cfg: Config,
     /// Which process this is, decided once ([`Role::of`]).
     role: Role,
+    /// exec's run of CMD for the group restart of a failed CMD.
+    group: group::GroupRun,
     clock: Clock,
     view: PodView,
     link: Option<Link>,
@@ -174,6 +177,7 @@ impl Engine {
             (Role::Exec(Exec::HandOver), Some(f))
                 if cfg.restart.on_change != OnPeerChange::Report
                     || cfg.restart.on_stall != OnStall::Report
+                    || cfg.restart.on_failure == OnFailure::Restart
                     || cfg
                         .progress
                         .as_ref()
@@ -192,8 +196,11 @@ impl Engine {
             )),
             _ => None,
         };
+        let group =
+            group::GroupRun::new(cfg.restart.on_failure, cfg.cluster_file.as_deref(), started);
         Engine {
             role,
+            group,
             outgoing,
             inbox,
             peers,

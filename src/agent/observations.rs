@@ -56,6 +56,9 @@ pub(super) struct Inbox {
     seed_kills: Option<(String, u64)>,
     /// The last rejection logged, so a bad file is logged once, not every interval.
     rejected: Option<String>,
+    /// exec's run of CMD as last read (started, down, the failure's time): a change is
+    /// what the peers' restart barrier waits for, and goes out at once.
+    group: (Option<u64>, bool, Option<u64>),
 }
 
 impl Inbox {
@@ -67,6 +70,7 @@ impl Inbox {
             published: Published::default(),
             seed_kills: None,
             rejected: None,
+            group: (None, false, None),
         }
     }
 
@@ -145,11 +149,7 @@ impl Engine {
                 .collect(),
             errors: self.probe_errors(),
             restart: out.restart.clone(),
-            progress: self
-                .progress
-                .watching
-                .as_ref()
-                .map(super::progress::observation),
+            progress: self.own_progress(),
         })
     }
 
@@ -273,11 +273,18 @@ impl Engine {
             }
         }
         let news = handover::news(&mut inbox.published, &o);
+        let group = o.progress.as_ref().map_or((None, false, None), |p| {
+            (p.started_ms, p.down, p.failed.as_ref().map(|f| f.since_ms))
+        });
+        let group_changed = std::mem::replace(&mut inbox.group, group) != group;
+        // The current run of CMD failed (exec hands the failure over before the restart).
+        let own_failure = matches!(group, (Some(started), _, Some(since)) if since >= started);
         // News from the training container may hurry a patch only so often.
         let urgent = (!news.kills.is_empty()
             || !news.xids.is_empty()
             || news.restart.is_some()
-            || news.stall.is_some())
+            || news.stall.is_some()
+            || group_changed)
             && self.news.urgency.take(std::time::Instant::now());
         let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
         if let Some(note) = &news.stall {
@@ -306,7 +313,8 @@ impl Engine {
             // restart the sidecar never asked for is not counted
             // ([`crate::peerchange::protocol::Relay::explains_restart`]).
             // Its own stall is exec's to see: a restart of a stalled CMD is explained.
-            let own_stall = stalled || news.stall.is_some();
+            // So is its own failure (--on-failure restart), which it hands over first.
+            let own_stall = stalled || news.stall.is_some() || own_failure;
             let explained = match self.peers_out.as_mut() {
                 Some(o) => o.relay.explains_restart(own_stall),
                 None => own_stall,

@@ -9,6 +9,7 @@ use crate::cluster::drift::ClusterStatus;
 use crate::peerchange::file::{self as peers, PeersState};
 use crate::peerchange::protocol::{ExecWait, Relay};
 use crate::stall::peers::PeerStall;
+use crate::supervise::group::{PeerFailure, PeerRun};
 
 /// The sidecar's end.
 pub(super) struct Outgoing {
@@ -88,6 +89,32 @@ impl Incoming {
                 pod: p.pod.clone(),
                 since: crate::time::from_ms(p.since_ms),
                 ongoing: p.ongoing,
+            })
+            .collect()
+    }
+
+    /// The peers the sidecar reports failed, asking for a restart.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        self.state
+            .iter()
+            .flat_map(|s| &s.failed)
+            .map(|p| PeerFailure {
+                pod: p.pod.clone(),
+                since: crate::time::from_ms(p.since_ms),
+                note: crate::publish::truncate(&p.note, crate::stall::peers::MAX_FAILURE_NOTE),
+            })
+            .collect()
+    }
+
+    /// The peers' runs of CMD, as the sidecar sees them.
+    pub fn runs(&self) -> Vec<PeerRun> {
+        self.state
+            .iter()
+            .flat_map(|s| &s.runs)
+            .map(|p| PeerRun {
+                pod: p.pod.clone(),
+                started: crate::time::from_ms(p.started_ms),
+                down: p.down,
             })
             .collect()
     }

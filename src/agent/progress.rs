@@ -78,8 +78,8 @@ impl Engine {
     /// where it publishes, else (the sidecar) what exec handed over, whose metrics it
     /// serves too.
     pub(super) fn progress_annotation(&mut self) -> Option<String> {
-        let o = match (&self.progress.watching, &self.inbox) {
-            (Some(w), _) if self.outgoing.is_none() => observation(w),
+        let o = match (self.own_progress(), &self.inbox) {
+            (Some(o), _) if self.outgoing.is_none() => o,
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
@@ -108,6 +108,20 @@ impl Engine {
         let text = serde_json::to_string(&a).expect("plain data");
         self.progress.published = Some(a);
         Some(text)
+    }
+}
+
+impl Engine {
+    /// exec's progress as it publishes it or hands it over: the stall watch's, and its
+    /// run of CMD for the group restart (`--on-failure restart`); `None` with neither.
+    pub(super) fn own_progress(&self) -> Option<ProgressObservation> {
+        let mut o = match &self.progress.watching {
+            Some(w) => observation(w),
+            None if self.group.on() => ProgressObservation::default(),
+            None => return None,
+        };
+        self.group.fill(&mut o);
+        Some(o)
     }
 }
 

@@ -12,7 +12,10 @@ use super::link::next_pod;
 use super::{Config, Engine, ReportError};
 use crate::cluster::drift::{self, ClusterStatus};
 use crate::flags;
-use crate::peerchange::file::{self as peers, MAX_STALLED, PeersState, StalledPeer, VERSION};
+use crate::peerchange::file::{
+    self as peers, FailedPeer, MAX_RUNS, MAX_STALLED, PeerRunState, PeersState, StalledPeer,
+    VERSION,
+};
 use crate::peerchange::protocol::Waiting;
 use crate::render;
 use crate::signal::{self, Signals};
@@ -179,8 +182,33 @@ impl Engine {
                 ongoing: s.ongoing,
             })
             .collect();
+        let others = |pod: &String| Some(pod) != own.as_ref();
+        let mut failures = watch.failures();
+        failures.sort_by_key(|f| f.since);
+        let failed: Vec<FailedPeer> = failures
+            .into_iter()
+            .filter(|f| others(&f.pod))
+            .take(MAX_STALLED)
+            .map(|f| FailedPeer {
+                since_ms: crate::time::to_ms(f.since),
+                pod: f.pod,
+                note: f.note,
+            })
+            .collect();
+        let runs: Vec<PeerRunState> = watch
+            .runs()
+            .into_iter()
+            .filter(|r| others(&r.pod))
+            .take(MAX_RUNS)
+            .map(|r| PeerRunState {
+                started_ms: crate::time::to_ms(r.started),
+                pod: r.pod,
+                down: r.down,
+            })
+            .collect();
         // A restart exec makes for a peer's stall is one this sidecar told it of.
-        out.relay.told(false, !stalled.is_empty());
+        out.relay
+            .told(false, !stalled.is_empty() || !failed.is_empty());
         let state = PeersState {
             version: VERSION,
             generation: out.relay.generation,
@@ -189,6 +217,8 @@ impl Engine {
             progress_ms: watch
                 .latest_progress(own.as_deref())
                 .map(crate::time::to_ms),
+            failed,
+            runs,
         };
         if out.written.as_ref() != Some(&state) {
             match peers::write(&out.dir, &state) {

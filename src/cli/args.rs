@@ -8,8 +8,8 @@ use clap::Args;
 
 use super::defaults;
 use super::values::{
-    Address, Coordination, Framework, Order, PeerChange, Ready, Stall, StallScope, StatusOutput,
-    coordinate_from, whole,
+    Address, Coordination, FailureAction, Framework, Order, PeerChange, Ready, Stall, StallScope,
+    StatusOutput, coordinate_from, whole,
 };
 use crate::flags;
 
@@ -405,6 +405,29 @@ pub struct ExecArgs {
     /// `exit` imply --report.
     #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
     pub on_peer_change: PeerChange,
+
+    /// What to do when CMD fails with a code worth a retry: not one of
+    /// --permanent-exit-codes, and for a launcher (torchrun, mpirun, deepspeed,
+    /// accelerate launch) not a permanent root cause (an ImportError, a SyntaxError).
+    /// `exit`: end with CMD's code (a launcher's retryable exit 1 as 9), so that the
+    /// pod fails and the Job controller replaces it. `restart`: an in-place group
+    /// restart without a new pod: exec publishes the failure (trainlet.io/progress),
+    /// every pod's exec stops its CMD, and once every rank has stopped (the barrier:
+    /// --restart-grace plus 15s at most, then CMD starts anyway and exec says which
+    /// pods did not stop) each starts its CMD again with the same cluster, after the
+    /// backoff. One restart per failure, whichever pods see it first; shares
+    /// --max-restarts with peer changes and stalls, past which exec ends with CMD's
+    /// code. A failure of the node's (a lost GPU, an XID that needs a reset) is better
+    /// replaced: see docs/failure-handling.md. `restart` implies --report.
+    #[arg(long = flags::ON_FAILURE, env = "TRAINLET_ON_FAILURE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_FAILURE)]
+    pub on_failure: FailureAction,
+
+    /// With --on-failure restart: CMD's exit codes that no restart retries,
+    /// comma-separated, each from 1 to 255 (default 1, 2, 126, 127, 128, 139, the
+    /// codes inject --failure-policy fails the Job on). A launcher's exit 1 is judged
+    /// by its root cause instead.
+    #[arg(long = flags::PERMANENT_EXIT_CODES, env = "TRAINLET_PERMANENT_EXIT_CODES", value_name = "CODES")]
+    pub permanent_exit_codes: Option<String>,
 
     /// `--on-peer-change restart`: how many restarts; the next change exits 7.
     #[arg(long = flags::MAX_RESTARTS, env = "TRAINLET_MAX_RESTARTS", value_name = "N", default_value_t = defaults::MAX_RESTARTS, allow_negative_numbers = true, value_parser = whole::<u32>)]

@@ -2,7 +2,9 @@
 //! from here, and `inject` compares against them to write only the flags a user
 //! changed into the agents it adds.
 
-use super::values::{Address, Coordination, Logs, Order, PeerChange, Ready, Stall, StallScope};
+use super::values::{
+    Address, Coordination, FailureAction, Logs, Order, PeerChange, Ready, Stall, StallScope,
+};
 
 /// The TensorFlow server port of every task (the resolver's `tf_server_port`).
 pub const PORT: u16 = 8470;
@@ -30,6 +32,8 @@ pub const COORDINATE: Coordination = Coordination::Auto;
 pub const COORDINATE_FROM: usize = crate::bootstrap::COORDINATE_FROM;
 /// `exec`: a peer lost or replaced is reported; CMD runs on.
 pub const ON_PEER_CHANGE: PeerChange = PeerChange::Report;
+/// `exec`: a failed CMD ends exec with its code; the pod fails.
+pub const ON_FAILURE: FailureAction = FailureAction::Exit;
 /// `exec`: a stall is reported; CMD runs on.
 pub const ON_STALL: Stall = Stall::Report;
 /// `exec`: the job's silence is a stall, a pod's alone where the cluster has `ps`.

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::args::{ClusterArgs, OutputArgs, StallArgs};
 use super::defaults;
-use super::values::{PeerChange, whole};
+use super::values::{FailureAction, PeerChange, whole};
 use crate::flags;
 
 /// `trainlet inject`.
@@ -74,6 +74,14 @@ pub struct InjectArgs {
     /// or `exit` (exit 7, so that the Job controller replaces the pod).
     #[arg(long = flags::ON_PEER_CHANGE, env = "TRAINLET_ON_PEER_CHANGE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_PEER_CHANGE)]
     pub on_peer_change: PeerChange,
+
+    /// With --wrap: what the wrapped container's `trainlet exec` does when its command
+    /// fails with a code worth a retry (`exec --on-failure`, written into its command):
+    /// `exit` (end with the command's code; the pod fails and is replaced) or `restart`
+    /// (start the command again in place in every pod of the job, once every rank has
+    /// stopped its own). See docs/failure-handling.md.
+    #[arg(long = flags::ON_FAILURE, env = "TRAINLET_ON_FAILURE", value_enum, value_name = "WHAT", default_value_t = defaults::ON_FAILURE)]
+    pub on_failure: FailureAction,
 
     /// With --wrap: how many times the wrapped container's `trainlet exec` restarts its
     /// command (`--on-peer-change restart`, `--on-stall restart`) before the next change

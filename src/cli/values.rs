@@ -166,6 +166,34 @@ impl From<Framework> for frameworks::Framework {
     }
 }
 
+/// `--on-failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailureAction {
+    /// End with CMD's code: the pod fails, and the Job controller decides.
+    Exit,
+    /// Start CMD again in place, in every pod of the job.
+    Restart,
+}
+
+impl FailureAction {
+    /// The value as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureAction::Exit => "exit",
+            FailureAction::Restart => "restart",
+        }
+    }
+}
+
+impl From<FailureAction> for crate::supervise::policy::OnFailure {
+    fn from(f: FailureAction) -> Self {
+        match f {
+            FailureAction::Exit => crate::supervise::policy::OnFailure::Exit,
+            FailureAction::Restart => crate::supervise::policy::OnFailure::Restart,
+        }
+    }
+}
+
 /// `--on-peer-change`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PeerChange {

@@ -17,14 +17,14 @@ use std::time::SystemTime;
 
 use crate::agent;
 use crate::cli::args::ExecArgs;
-use crate::cli::values::PeerChange;
+use crate::cli::values::{FailureAction, PeerChange};
 use crate::cli::{explain, lower};
 use crate::render::frameworks;
 use crate::render::{CLUSTER_FILE, TF_CONFIG_FILE};
 use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
-use crate::supervise::lifecycle::Supervisor;
+use crate::supervise::lifecycle::{Ended, Supervisor};
 use crate::supervise::lifecycle::{Respawner, command, read_outputs};
 use crate::{Exit, Failure, bootstrap, kubeflow};
 use tracing::warn;
@@ -54,9 +54,12 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     if let Some(p) = report.progress.as_mut() {
         p.heartbeat = heartbeat.clone();
     }
-    let report =
-        (args.report || args.on_peer_change != PeerChange::Report || report.progress.is_some())
-            .then_some(report);
+    let permanent = lower::exec_permanent_codes(&args)?;
+    let report = (args.report
+        || args.on_peer_change != PeerChange::Report
+        || args.on_failure != FailureAction::Exit
+        || report.progress.is_some())
+    .then_some(report);
     let init_cfg = (resolving || (args.on_peer_change == PeerChange::Restart && !handing_over))
         .then(|| lower::init_config(&args.init))
         .transpose()?;
@@ -103,6 +106,26 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         // When CMD last started: an error file from before is a previous run's.
         let started = Rc::new(Cell::new(SystemTime::now()));
         let restarted = started.clone();
+        // A failure worth a retry (--on-failure restart), in words: how CMD ended and its
+        // root cause; none for a permanent code or root cause.
+        let retried = {
+            let (error_file, started) = (error_file.clone(), started.clone());
+            let (argv, program) = (args.command.clone(), program.clone());
+            move |code: i32| {
+                let how = Ended {
+                    code,
+                    oom: None,
+                    why: None,
+                }
+                .reason(&program)?;
+                let cause = error_file
+                    .as_ref()
+                    .and_then(|(p, _)| launcher::read_root_cause(p, started.get()));
+                let verdict = launcher::classify(launcher::launcher(&argv), code, cause.as_ref());
+                (!permanent.contains(&verdict.code(code)))
+                    .then(|| launcher::reason(&how, cause.as_ref(), Verdict::PassOn))
+            }
+        };
         let respawner = Respawner {
             argv: args.command.clone(),
             dir: dir.clone(),
@@ -112,6 +135,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
                 with_error_file(with_heartbeat(cmd))
             }),
             explain: explain::init,
+            retried: Box::new(retried),
         };
         let ended = super::runtime()?.block_on(async {
             let (mut reporter, mut signals, cmd) =

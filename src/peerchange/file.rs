@@ -22,8 +22,10 @@ pub const FILE: &str = render::PEERS_FILE;
 /// The format's version.
 pub const VERSION: u32 = 1;
 /// The largest file read: `cluster` holds what `trainlet.io/cluster` does, at most
-/// [`ANNOTATION_MAX`] bytes, JSON-escaped.
-const MAX_BYTES: usize = 4 * ANNOTATION_MAX;
+/// [`ANNOTATION_MAX`] bytes, JSON-escaped; the failures' notes and the runs, their
+/// names of at most 253 bytes.
+const MAX_BYTES: usize =
+    4 * ANNOTATION_MAX + MAX_STALLED * 2 * crate::stall::peers::MAX_FAILURE_NOTE + MAX_RUNS * 320;
 
 /// Where the cluster stands, as the sidecar's peer watch sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +44,37 @@ pub struct PeersState {
     /// the stall rule of the pod that speaks for the job's silence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_ms: Option<u64>,
+    /// The peers that publish a failure that asks for a restart, for exec's
+    /// `--on-failure restart`: at most [`MAX_STALLED`], the earliest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FailedPeer>,
+    /// The peers' runs of CMD, for the restart barrier: at most [`MAX_RUNS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<PeerRunState>,
+}
+
+/// The most runs `peers.json` lists: the barrier of a larger job waits out its timeout
+/// for the peers past them (a coordinated job's followers see the resolver pod alone).
+pub const MAX_RUNS: usize = 256;
+
+/// A peer's failure: since when (ms since the epoch), and its note.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailedPeer {
+    pub pod: String,
+    pub since_ms: u64,
+    pub note: String,
+}
+
+/// A peer's run of CMD: when it started (ms since the epoch), and whether it is
+/// stopped for a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerRunState {
+    pub pod: String,
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub down: bool,
 }
 
 /// The most stalled peers `peers.json` lists: exec acts on the earliest.
@@ -99,6 +132,16 @@ mod tests {
                 ongoing: true,
             }],
             progress_ms: Some(900),
+            failed: vec![FailedPeer {
+                pod: "w-1".into(),
+                since_ms: 950,
+                note: "pod w-1 (worker/1, rank 1): python exited with code 3".into(),
+            }],
+            runs: vec![PeerRunState {
+                pod: "w-1".into(),
+                started_ms: 500,
+                down: true,
+            }],
         };
         write(dir.path(), &s).unwrap();
         assert_eq!(read(dir.path()), Some(s.clone()));

@@ -28,6 +28,7 @@ use crate::cluster::published::{self, Coordination, CoordinationRole, Resolution
 use crate::cluster::{Cluster, Peer};
 use crate::render;
 use crate::stall::peers::PeerStall;
+use crate::supervise::group::{PeerFailure, PeerRun};
 
 /// How long the first report waits for the watches' first lists; a watch that cannot
 /// list (no RBAC, the API server away) must not hold the report back.
@@ -96,6 +97,9 @@ pub struct PeerWatch {
     stalls: Vec<PeerStall>,
     /// The latest progress any pod published, as of the last event.
     latest: Option<SystemTime>,
+    /// The peers' failures and runs of CMD (`--on-failure restart`), as of the last
+    /// event.
+    group: (Vec<PeerFailure>, Vec<PeerRun>),
 }
 
 impl PeerWatch {
@@ -153,6 +157,7 @@ impl PeerWatch {
             generation: None,
             stalls: Vec::new(),
             latest: None,
+            group: (Vec::new(), Vec::new()),
         })
     }
 
@@ -229,9 +234,12 @@ impl PeerWatch {
         }
         let stalls = self.stalled();
         let latest = self.latest_progress(None);
-        let progress_changed = stalls != self.stalls || latest != self.latest;
+        let group = (self.failures(), self.runs());
+        let progress_changed =
+            stalls != self.stalls || latest != self.latest || group != self.group;
         self.stalls = stalls;
         self.latest = latest;
+        self.group = group;
         self.assess() | progress_changed
     }
 
@@ -264,6 +272,30 @@ impl PeerWatch {
             .collect();
         out.sort();
         out.dedup();
+        out
+    }
+
+    /// The live pods whose reporters publish a failure that asks for a restart
+    /// (`--on-failure restart`), by pod name. A follower of a coordinated job sees the
+    /// resolver pod's alone.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        let mut out: Vec<PeerFailure> = self
+            .progress_annotations()
+            .into_iter()
+            .filter_map(|(name, text)| crate::stall::peers::failure_in(name, text))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The live pods' runs of CMD, for the restart barrier, by pod name.
+    pub fn runs(&self) -> Vec<PeerRun> {
+        let mut out: Vec<PeerRun> = self
+            .progress_annotations()
+            .into_iter()
+            .filter_map(|(name, text)| crate::stall::peers::run_in(name, text))
+            .collect();
+        out.sort();
         out
     }
 

@@ -7,7 +7,7 @@ use super::progress::{Metric, Reported};
 
 /// CMD's progress as exec watches it, for the sidecar to publish
 /// (`trainlet.io/progress`, the `Stalled` Event, the progress metrics).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProgressObservation {
     /// The last progress, in ms since the epoch; absent before the first.
@@ -40,6 +40,26 @@ pub struct ProgressObservation {
         deserialize_with = "strict"
     )]
     pub reported: Option<Reported>,
+    /// When CMD's current run started (ms since the epoch), for the peers' restart
+    /// barrier (`--on-failure restart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// CMD is stopped for a restart and waits for every rank to stop its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub down: bool,
+    /// CMD's last failure that asks the job for a restart (`--on-failure restart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<FailedObservation>,
+}
+
+/// A failure of CMD that asks every rank of the job to restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailedObservation {
+    /// When CMD ended, in ms since the epoch.
+    pub since_ms: u64,
+    /// The pod, its task and rank, how CMD ended and its root cause.
+    pub note: String,
 }
 
 /// `reported` as the sidecar reads it from exec: a field this version does not write,

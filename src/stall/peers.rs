@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::observation::ProgressObservation;
 use super::progress::Reported;
+use crate::supervise::group::{PeerFailure, PeerRun};
 use crate::time;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
@@ -36,6 +37,24 @@ pub struct Annotation {
     /// `eta_seconds`, `metrics`.
     #[serde(default, flatten)]
     pub reported: Reported,
+    /// When CMD's current run started, to the millisecond: the restart barrier of
+    /// `--on-failure restart` ([`crate::supervise::group`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    /// CMD is stopped for a restart and waits for every rank to stop its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub down: bool,
+    /// CMD's last failure that asks every rank to restart (`--on-failure restart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<Failed>,
+}
+
+/// A failure that asks every rank of the job to restart: since when (to the
+/// millisecond), and the pod's own words for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failed {
+    pub since: String,
+    pub note: String,
 }
 
 /// Another pod's stall, as the resolver pod relays it.
@@ -83,6 +102,12 @@ pub fn annotation(
             })
             .collect(),
         reported: o.reported.clone().unwrap_or_default(),
+        started: o.started_ms.map(|t| time::rfc3339_millis(time::from_ms(t))),
+        down: o.down,
+        failed: o.failed.as_ref().map(|f| Failed {
+            since: time::rfc3339_millis(time::from_ms(f.since_ms)),
+            note: f.note.clone(),
+        }),
     };
     let Some(prev) = previous else {
         return fresh;
@@ -94,6 +119,9 @@ pub fn annotation(
         || prev.silent != fresh.silent
         || prev.relayed != fresh.relayed
         || prev.reported.percent != fresh.reported.percent
+        || prev.started != fresh.started
+        || prev.down != fresh.down
+        || prev.failed != fresh.failed
     {
         return fresh;
     }
@@ -146,6 +174,33 @@ pub fn stalls_in(pod: &str, text: &str) -> Vec<PeerStall> {
     own.into_iter().chain(relayed).collect()
 }
 
+/// The failure a pod's `trainlet.io/progress` tells of, if any: the group restart it
+/// asks for (`--on-failure restart`).
+pub fn failure_in(pod: &str, text: &str) -> Option<PeerFailure> {
+    let a: Annotation = serde_json::from_str(text).ok()?;
+    let f = a.failed?;
+    Some(PeerFailure {
+        pod: pod.to_string(),
+        since: humantime::parse_rfc3339(&f.since).ok()?,
+        note: crate::publish::truncate(&f.note, MAX_FAILURE_NOTE),
+    })
+}
+
+/// The run of CMD a pod's `trainlet.io/progress` tells of, if it publishes one: when
+/// it started, and whether it is stopped for a restart.
+pub fn run_in(pod: &str, text: &str) -> Option<PeerRun> {
+    let a: Annotation = serde_json::from_str(text).ok()?;
+    Some(PeerRun {
+        pod: pod.to_string(),
+        started: humantime::parse_rfc3339(a.started.as_deref()?).ok()?,
+        down: a.down,
+    })
+}
+
+/// The longest note of a peer's failure that a pod takes: a peer's annotation is
+/// another pod's words, and they go into this pod's Event.
+pub const MAX_FAILURE_NOTE: usize = 1024;
+
 /// The peer stall a pod's CMD restarts for, if any: the earliest of the others' that
 /// this CMD was not already restarted for (`acted`, the stalls known at its last
 /// restart) and that is either still going on or began after this CMD `started`.
@@ -185,6 +240,7 @@ mod tests {
             after_ms: None,
             note: String::new(),
             reported: None,
+            ..Default::default()
         }
     }
     /// A new percentage is published at once; new metrics alone wait with the time.

@@ -95,6 +95,8 @@ impl Watching {
             after_ms: self.stall.as_ref().map(|s| s.after.as_millis() as u64),
             note: self.note.clone(),
             reported: p.reported,
+            // The group restart's run is the agent's to add.
+            ..ProgressObservation::default()
         }
     }
 

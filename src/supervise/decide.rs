@@ -3,9 +3,9 @@
 //! restart loop (`lifecycle.rs`) only carries them out, so each transition of the
 //! life of CMD has a unit test here.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use super::policy::{OnPeerChange, OnStall, Policy, backoff};
+use super::policy::{OnFailure, OnPeerChange, OnStall, Policy, backoff};
 use crate::flags;
 
 /// What made exec act on CMD.
@@ -15,6 +15,17 @@ pub enum Trigger {
     PeerChange(String),
     /// No progress in this pod, or in a peer's: whose, and for how long.
     Stall(String),
+    /// A failure worth a retry (`--on-failure restart`): this pod's CMD's (`own`), or a
+    /// peer's that came while this CMD ran.
+    Failure { failed: Failed, own: bool },
+}
+
+/// A failure that asks every rank to restart: whose and how (the pod, its task and
+/// rank, the code or signal, the root cause), and when CMD ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failed {
+    pub why: String,
+    pub since: SystemTime,
 }
 
 /// Where the reporter stands when its loop returns.
@@ -29,6 +40,9 @@ pub struct Standing {
     /// A stall the policy acts on (`--on-stall restart|exit`): this pod's, or a peer's
     /// that began before CMD last started here.
     pub stalled: Option<String>,
+    /// A peer's failure the policy acts on (`--on-failure restart`), that came after
+    /// CMD last started here.
+    pub failed: Option<Failed>,
 }
 
 /// What the supervisor knows when the agent's loop returns.
@@ -42,6 +56,9 @@ pub struct Facts {
     pub on_change: OnPeerChange,
     /// The wait for a peer change to explain a failure ([`Next::Settle`]) is over.
     pub settled: bool,
+    /// CMD's own failure, where `--on-failure restart` retries it: it acts at once,
+    /// without the wait for a peer change.
+    pub own_failure: Option<Failed>,
 }
 
 /// What the supervisor does next.
@@ -66,6 +83,7 @@ pub fn next(f: &Facts) -> Next {
     }
     let failed = f.exit.is_some_and(|code| code != 0);
     if failed
+        && f.own_failure.is_none()
         && !f.settled
         && !s.terminating
         && s.stale.is_none()
@@ -73,11 +91,25 @@ pub fn next(f: &Facts) -> Next {
     {
         return Next::Settle;
     }
-    let trigger = match (&s.stale, &s.stalled) {
+    let trigger = match (&s.stale, f.exit) {
         (Some(stale), _) => Trigger::PeerChange(stale.clone()),
-        // A stall restarts a CMD that still runs (hung), not one that has ended.
-        (None, Some(why)) if f.exit.is_none() => Trigger::Stall(why.clone()),
-        _ => return Next::End,
+        // CMD ended: only its own failure restarts it.
+        (None, Some(_)) => match &f.own_failure {
+            Some(own) if failed => Trigger::Failure {
+                failed: own.clone(),
+                own: true,
+            },
+            _ => return Next::End,
+        },
+        // A peer's failure or a stall restarts a CMD that still runs (stuck with them).
+        (None, None) => match (&s.failed, &s.stalled) {
+            (Some(peer), _) => Trigger::Failure {
+                failed: peer.clone(),
+                own: false,
+            },
+            (None, Some(why)) => Trigger::Stall(why.clone()),
+            (None, None) => return Next::End,
+        },
     };
     // The kubelet stops the container, or CMD ended well (the job's work is done,
     // whatever its peers do now): nothing restarts it.
@@ -92,6 +124,7 @@ pub fn on(policy: &Policy, done: u32, trigger: &Trigger) -> Decision {
     match trigger {
         Trigger::PeerChange(stale) => decide(policy, done, stale),
         Trigger::Stall(why) => decide_stall(policy, done, why),
+        Trigger::Failure { failed, own } => decide_failure(policy, done, &failed.why, *own),
     }
 }
 
@@ -104,6 +137,9 @@ pub enum Decision {
     Restart { n: u32, of: u32, delay: Duration },
     /// Stop CMD and exit: `why` is the termination message.
     Exit { why: String },
+    /// Leave CMD as it is, and the trigger answered: a peer's failure past
+    /// `--max-restarts` (that peer's pod fails; its replacement is a peer change).
+    Pass { why: String },
 }
 
 /// The decision on a stale cluster (`stale` is the `trainlet.io/cluster` text), after
@@ -127,6 +163,30 @@ pub fn decide(policy: &Policy, done: u32, stale: &str) -> Decision {
 /// restarts: the same budget and backoff as peer changes.
 pub fn decide_stall(policy: &Policy, done: u32, why: &str) -> Decision {
     decide_on(policy.on_stall, policy, done, why, &format!("{why},"))
+}
+
+/// The decision on a failure worth a retry (`why` says whose and how), after `done`
+/// restarts: the same budget and backoff. Past the budget, this pod's own failure
+/// ends exec with CMD's code, as without `--on-failure restart` (the exit code and the
+/// podFailurePolicy decide); a peer's leaves this CMD to its fate.
+pub fn decide_failure(policy: &Policy, done: u32, why: &str, own: bool) -> Decision {
+    let past = format!(
+        "{why}, after {done} restarts (--{} {})",
+        flags::MAX_RESTARTS,
+        policy.max_restarts
+    );
+    match policy.on_failure {
+        OnFailure::Exit => Decision::Report,
+        OnFailure::Restart if done >= policy.max_restarts && own => Decision::Report,
+        OnFailure::Restart if done >= policy.max_restarts => Decision::Pass {
+            why: format!("{past}: no restart here; that pod fails and is replaced"),
+        },
+        OnFailure::Restart => Decision::Restart {
+            n: done + 1,
+            of: policy.max_restarts,
+            delay: backoff(policy.backoff, done + 1),
+        },
+    }
 }
 
 /// What both decisions share: `why` for an exit at once, `again` before the count of
@@ -160,6 +220,7 @@ mod tests {
         Policy {
             on_change,
             on_stall: OnStall::Report,
+            on_failure: OnFailure::Exit,
             max_restarts: max,
             grace: Duration::from_secs(30),
             backoff: Duration::from_secs(10),
@@ -317,6 +378,90 @@ mod tests {
             Decision::Exit {
                 why: format!("{HUNG}; exiting so that the pod is replaced")
             }
+        );
+    }
+
+    const BOOM: &str = "pod w-1 (worker/1, rank 1): torchrun exited with code 1";
+
+    fn boom() -> Failed {
+        Failed {
+            why: BOOM.into(),
+            since: std::time::UNIX_EPOCH + Duration::from_secs(100),
+        }
+    }
+
+    /// CMD's own failure worth a retry acts at once, with no wait for a peer change;
+    /// a peer's restarts a CMD that still runs; a stale cluster comes first.
+    #[test]
+    fn a_failure_restarts_at_once_and_a_peers_only_a_running_cmd() {
+        let own = Facts {
+            exit: Some(1),
+            own_failure: Some(boom()),
+            ..restart()
+        };
+        let failure = |own| {
+            Next::Act(Trigger::Failure {
+                failed: boom(),
+                own,
+            })
+        };
+        assert_eq!(next(&own), failure(true));
+        let peer = Facts {
+            standing: Standing {
+                failed: Some(boom()),
+                ..standing(None, Some(HUNG))
+            },
+            ..restart()
+        };
+        assert_eq!(next(&peer), failure(false));
+        // CMD ended by itself and its failure is not retried: exec ends.
+        let ended = Facts {
+            exit: Some(1),
+            settled: true,
+            ..peer.clone()
+        };
+        assert_eq!(next(&ended), Next::End);
+        let stale = Facts {
+            standing: standing(Some(STALE), None),
+            ..own.clone()
+        };
+        assert_eq!(next(&stale), Next::Act(Trigger::PeerChange(STALE.into())));
+        let terminating = Facts {
+            standing: Standing {
+                terminating: true,
+                ..Standing::default()
+            },
+            ..own
+        };
+        assert_eq!(next(&terminating), Next::End);
+    }
+
+    #[test]
+    fn a_failure_shares_the_budget_and_past_it_ends_as_without_the_flag() {
+        let p = Policy {
+            on_failure: OnFailure::Restart,
+            ..policy(OnPeerChange::Report, 2)
+        };
+        assert_eq!(
+            decide_failure(&p, 1, BOOM, true),
+            Decision::Restart {
+                n: 2,
+                of: 2,
+                delay: Duration::from_secs(20)
+            }
+        );
+        assert_eq!(decide_failure(&p, 2, BOOM, true), Decision::Report);
+        assert_eq!(
+            decide_failure(&p, 2, BOOM, false),
+            Decision::Pass {
+                why: format!(
+                    "{BOOM}, after 2 restarts (--max-restarts 2): no restart here; that pod fails and is replaced"
+                )
+            }
+        );
+        assert_eq!(
+            decide_failure(&policy(OnPeerChange::Restart, 3), 0, BOOM, true),
+            Decision::Report
         );
     }
 

@@ -11,15 +11,16 @@
 //! (`src/agent`).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn};
 
 use super::child::{Child, SpawnError};
 pub use super::decide::Standing;
 pub use super::decide::Trigger;
-use super::decide::{self, Decision, Facts, Next};
-use super::policy::{self, Policy};
+use super::decide::{self, Decision, Facts, Failed, Next};
+use super::group;
+use super::policy::{self, OnFailure, Policy};
 use super::stop::{stop_tree, wait_for_stop};
 use crate::bootstrap::{self, InitConfig, InitError};
 use crate::render::frameworks::envfile;
@@ -35,8 +36,9 @@ pub enum Resume {
     /// the resolution that showed the change: resolving again must not take an older
     /// one, which still names the pod that went.
     PeerChange { after: Option<u64> },
-    /// A stall (`--on-stall restart`): the cluster is as it was, and so are its files.
-    Stall,
+    /// A stall (`--on-stall restart`) or a failure (`--on-failure restart`): the
+    /// cluster is as it was, and so are its files.
+    AsItWas,
 }
 
 /// What the supervisor needs of the reporter that runs beside CMD. One thread runs
@@ -63,6 +65,17 @@ pub trait Reporter {
     async fn wait_for_files(&mut self) -> Result<(), Failure>;
     /// The generation of the resolution that showed the change (coordinated jobs).
     fn generation(&self) -> Option<u64>;
+    /// This pod in a failure's note: its name, task and rank.
+    fn whose(&self) -> String;
+    /// CMD failed and every rank restarts for it (`--on-failure restart`): published,
+    /// for the peers to restart once for it.
+    async fn failed(&mut self, failed: &Failed);
+    /// The peers' failures known now are answered without a restart here.
+    fn pass(&mut self);
+    /// CMD is stopped for a restart that answers a failure at `since`: says so, and
+    /// waits until every peer has stopped the CMD of the failed run, or `until`.
+    /// Returns the peers that had not.
+    async fn barrier(&mut self, since: SystemTime, until: Instant) -> Vec<String>;
     /// CMD started again: the reporter follows the new cluster, and its silence counts
     /// from now.
     fn started_again(&mut self);
@@ -159,13 +172,17 @@ impl Supervisor {
             let policy = reporter.policy().clone();
             match decide::on(&policy, self.life.restarts, &trigger) {
                 Decision::Report => break,
+                Decision::Pass { why } => {
+                    warn!("{why}");
+                    reporter.pass();
+                }
                 Decision::Exit { why } => {
                     warn!("{why}");
                     self.life.stop_requested |= self.stop(signals, &policy).await.is_some();
                     self.life.why = Some(why);
                     self.life.exit_code = match trigger {
-                        Trigger::PeerChange(_) => Code::PeerChanged,
                         Trigger::Stall(_) => Code::Stalled,
+                        Trigger::PeerChange(_) | Trigger::Failure { .. } => Code::PeerChanged,
                     };
                     break;
                 }
@@ -191,12 +208,23 @@ impl Supervisor {
         signals: &mut Signals,
     ) -> Option<Trigger> {
         let mut settled = false;
+        let own_failure = match self.cmd.exit {
+            Some(code) if code != 0 && reporter.policy().on_failure == OnFailure::Restart => {
+                let since = SystemTime::now();
+                (self.respawner.retried)(code).map(|how| Failed {
+                    why: format!("{} failed: {how}", reporter.whose()),
+                    since,
+                })
+            }
+            _ => None,
+        };
         loop {
             let facts = Facts {
                 standing: reporter.standing(),
                 exit: self.cmd.exit,
                 on_change: reporter.policy().on_change,
                 settled,
+                own_failure: own_failure.clone(),
             };
             match decide::next(&facts) {
                 Next::End => return None,
@@ -230,6 +258,7 @@ impl Supervisor {
                 (format!("the cluster changed ({stale})"), "a peer change")
             }
             Trigger::Stall(why) => (why.clone(), "a stall"),
+            Trigger::Failure { failed, .. } => (failed.why.clone(), "a failure"),
         };
         let note = format!(
             "restarting {program} ({} of {}) in {}: {why}",
@@ -238,23 +267,51 @@ impl Supervisor {
             humantime::format_duration(step.delay)
         );
         warn!("{note}");
+        if let Trigger::Failure { failed, own: true } = trigger {
+            reporter.failed(failed).await;
+        }
         reporter.restarting(step.n, note).await;
         let policy = reporter.policy().clone();
         if self.stop(signals, &policy).await.is_some() {
             self.life.stop_requested = true;
             return Ok(false);
         }
-        let resume = match trigger {
-            Trigger::PeerChange(_) => Resume::PeerChange {
-                after: reporter.generation(),
-            },
-            Trigger::Stall(_) => Resume::Stall,
-        };
         let respawner = &self.respawner;
         let next = tokio::select! {
             next = async {
-                tokio::time::sleep(step.delay).await;
-                if resume != Resume::Stall {
+                let resume = match trigger {
+                    Trigger::PeerChange(_) => {
+                        tokio::time::sleep(step.delay).await;
+                        Resume::PeerChange { after: reporter.generation() }
+                    }
+                    Trigger::Stall(_) => {
+                        tokio::time::sleep(step.delay).await;
+                        Resume::AsItWas
+                    }
+                    Trigger::Failure { failed, .. } => {
+                        // The backoff runs while the ranks stop: it is the user's
+                        // delay, not one on top of the barrier.
+                        let until = Instant::now() + group::barrier_timeout(policy.grace);
+                        let (_, left) = tokio::join!(
+                            tokio::time::sleep(step.delay),
+                            reporter.barrier(failed.since, until)
+                        );
+                        if !left.is_empty() {
+                            warn!(
+                                "starting {program} again although {} did not say within {} that its command stopped; a rank still in the failed run may hold the rendezvous",
+                                left.join(", "),
+                                humantime::format_duration(group::barrier_timeout(policy.grace))
+                            );
+                        }
+                        // A peer lost meanwhile (the failure was its pod's going): CMD
+                        // starts again on the cluster as it is now.
+                        match reporter.standing().stale {
+                            Some(_) => Resume::PeerChange { after: reporter.generation() },
+                            None => Resume::AsItWas,
+                        }
+                    }
+                };
+                if resume != Resume::AsItWas {
                     reporter.wait_for_files().await?;
                 }
                 respawner.command(resume).await
@@ -264,6 +321,7 @@ impl Supervisor {
                 let what = match trigger {
                     Trigger::PeerChange(stale) => format!("a peer change ({stale})"),
                     Trigger::Stall(why) => format!("a stall ({why})"),
+                    Trigger::Failure { failed, .. } => format!("a failure ({})", failed.why),
                 };
                 self.life.why = Some(format!(
                     "stopped by {} while waiting to restart {program} after {what}",
@@ -361,6 +419,9 @@ pub struct Respawner {
     pub prepare: Box<dyn Fn(std::process::Command) -> std::process::Command>,
     /// Init's errors as the user reads them.
     pub explain: fn(&InitError) -> String,
+    /// CMD's failure with this exit code, in words (how it ended, its root cause),
+    /// when it is worth a retry; `None` when it is permanent.
+    pub retried: Box<dyn Fn(i32) -> Option<String>>,
 }
 
 impl Respawner {
@@ -374,7 +435,7 @@ impl Respawner {
                 c
             }),
             // A stall changed no peer: the files are as they were.
-            Resume::Stall => None,
+            Resume::AsItWas => None,
         };
         match init {
             Some(init) => {

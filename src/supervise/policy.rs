@@ -38,11 +38,25 @@ pub enum OnStall {
     Exit,
 }
 
+/// What a failure of CMD does (`--on-failure`): a non-zero exit that is worth a retry
+/// (not a permanent code, not a launcher's permanent root cause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// exec ends with CMD's code (a launcher's retryable exit 1 as 9): the pod fails,
+    /// and the Job controller (or its podFailurePolicy) decides.
+    #[default]
+    Exit,
+    /// Start CMD again in place, in every pod of the job: the other ranks are stuck in
+    /// (or failing in) their next collective with the rank that failed.
+    Restart,
+}
+
 /// The restart policy, from exec's flags.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub on_change: OnPeerChange,
     pub on_stall: OnStall,
+    pub on_failure: OnFailure,
     /// Restarts allowed; the next change after the last one ends exec.
     pub max_restarts: u32,
     /// Between SIGTERM and SIGKILL when CMD is stopped.

@@ -54,7 +54,7 @@ impl Starts {
     }
 
     /// Whether CMD started `n` times within `timeout`.
-    async fn reached(&self, n: usize, timeout: Duration) -> bool {
+    pub(crate) async fn reached(&self, n: usize, timeout: Duration) -> bool {
         let start = std::time::Instant::now();
         while start.elapsed() < timeout {
             if self.read().len() >= n {
@@ -70,7 +70,7 @@ impl Starts {
 struct Member {
     pod: String,
     exec: Reporter,
-    starts: Starts,
+    pub(crate) starts: Starts,
     termination: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -105,7 +105,7 @@ fn start_member(kc: &Path, ns: &str, pod: &str, port: u16, extra: &[&str]) -> Me
 }
 
 /// SIGKILLs the children of a process (CMD under trainlet exec).
-fn kill_children(pid: u32) {
+pub(crate) fn kill_children(pid: u32) {
     use trainlet::report::probe::oom::procs;
     let children: Vec<u32> = procs::all_processes(Path::new("/proc"), procs::page_size())
         .into_iter()
@@ -120,7 +120,7 @@ fn kill_children(pid: u32) {
     .unwrap();
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()

@@ -60,6 +60,7 @@ mod node_pods;
 mod node_quickstart;
 mod node_stall;
 mod node_two;
+mod on_failure;
 mod packaging;
 mod peer_watch;
 mod preflight;

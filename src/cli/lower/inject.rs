@@ -63,7 +63,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
     let permanent_exit_codes = a
         .permanent_exit_codes
         .as_deref()
-        .map(permanent_exit_codes)
+        .map(super::permanent_exit_codes)
         .transpose()?;
     if permanent_exit_codes.is_some() && !a.failure_policy {
         return Err(Failure::usage(format!(
@@ -298,35 +298,10 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
     if let Some(p) = &stall.progress_pattern {
         args.push(flags::with_value(flags::PROGRESS_PATTERN, p));
     }
+    if a.on_failure != defaults::ON_FAILURE {
+        args.push(flags::with_value(flags::ON_FAILURE, a.on_failure.name()));
+    }
     args
-}
-
-/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255, sorted and each once, as
-/// Kubernetes wants a rule's `onExitCodes.values` (so at most 255 of them). 0 is
-/// success, which Kubernetes refuses in an `In` rule.
-fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
-    let bad = |why: String| {
-        Failure::usage(format!(
-            "invalid --{} {spec:?}: {why}",
-            flags::PERMANENT_EXIT_CODES
-        ))
-    };
-    let mut codes = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part.parse::<i32>() {
-            Ok(0) => return Err(bad("0 is success, never a failure".to_string())),
-            Ok(c @ 1..=255) => codes.push(c),
-            _ => {
-                return Err(bad(format!("{part:?} is not an exit code from 1 to 255")));
-            }
-        }
-    }
-    if codes.is_empty() {
-        return Err(bad("give one exit code or more, e.g. 2,126,127".to_string()));
-    }
-    codes.sort_unstable();
-    codes.dedup();
-    Ok(codes)
 }
 
 /// `--resources cpu=Q,memory=Q`: either may be left out, keeping its default.

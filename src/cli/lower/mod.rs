@@ -26,7 +26,9 @@ use crate::kube;
 
 pub use cluster::{cluster_config, framework_config, init_config, master_query};
 pub use inject::{admission_config, inject_config};
-pub use report::{exec_report_config, progress_watch, report_config, sidecar_config};
+pub use report::{
+    exec_permanent_codes, exec_report_config, progress_watch, report_config, sidecar_config,
+};
 pub use status::status_target;
 
 /// The longest duration any flag takes: a year. A longer one is a slip of the
@@ -102,6 +104,34 @@ pub(super) fn namespace(flag: &str, ns: &str) -> Result<(), Failure> {
             "invalid --{flag} {ns:?}: a namespace is a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
         )))
     }
+}
+
+/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255, sorted and each once, as
+/// Kubernetes wants a rule's `onExitCodes.values` (so at most 255 of them). 0 is
+/// success, which Kubernetes refuses in an `In` rule.
+pub fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
+    let bad = |why: String| {
+        Failure::usage(format!(
+            "invalid --{} {spec:?}: {why}",
+            flags::PERMANENT_EXIT_CODES
+        ))
+    };
+    let mut codes = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.parse::<i32>() {
+            Ok(0) => return Err(bad("0 is success, never a failure".to_string())),
+            Ok(c @ 1..=255) => codes.push(c),
+            _ => {
+                return Err(bad(format!("{part:?} is not an exit code from 1 to 255")));
+            }
+        }
+    }
+    if codes.is_empty() {
+        return Err(bad("give one exit code or more, e.g. 2,126,127".to_string()));
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    Ok(codes)
 }
 
 #[cfg(test)]

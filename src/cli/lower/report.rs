@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::args::{ExecArgs, KubeArgs, ReportArgs, SidecarArgs, StallArgs};
 use super::super::defaults;
-use super::super::values::{Flag, PeerChange};
+use super::super::values::{FailureAction, Flag, PeerChange};
 use super::{kube_settings, parse_duration};
 use crate::Failure;
 use crate::agent::{Config as ReportConfig, Mode};
@@ -74,6 +74,7 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
         restart: Policy {
             on_change: defaults::ON_PEER_CHANGE.into(),
             on_stall: defaults::ON_STALL.into(),
+            on_failure: defaults::ON_FAILURE.into(),
             max_restarts: defaults::MAX_RESTARTS,
             grace: parse_duration(flags::RESTART_GRACE, defaults::RESTART_GRACE)?,
             backoff: parse_duration(flags::RESTART_BACKOFF, defaults::RESTART_BACKOFF)?,
@@ -95,6 +96,7 @@ pub fn exec_report_config(
     cfg.restart = Policy {
         on_change: a.on_peer_change.into(),
         on_stall: a.stall.on_stall.into(),
+        on_failure: a.on_failure.into(),
         max_restarts: a.max_restarts,
         grace: parse_duration(flags::RESTART_GRACE, &a.restart_grace)?,
         backoff: parse_duration(flags::RESTART_BACKOFF, &a.restart_backoff)?,
@@ -120,8 +122,24 @@ pub fn exec_report_config(
             }
         }
     }
+    if a.permanent_exit_codes.is_some() && a.on_failure != FailureAction::Restart {
+        return Err(Failure::usage(format!(
+            "--{} names the codes that --{} restart does not retry: pass --{} restart",
+            flags::PERMANENT_EXIT_CODES,
+            flags::ON_FAILURE,
+            flags::ON_FAILURE
+        )));
+    }
     cfg.cluster_file = cluster_file.map(Path::to_path_buf);
     Ok(cfg)
+}
+
+/// `--permanent-exit-codes` of exec, else the training container's permanent codes.
+pub fn exec_permanent_codes(a: &ExecArgs) -> Result<Vec<i32>, Failure> {
+    match a.permanent_exit_codes.as_deref() {
+        Some(spec) => super::permanent_exit_codes(spec),
+        None => Ok(crate::exit::CMD_PERMANENT.to_vec()),
+    }
 }
 
 /// Whether a cluster.json lists the selectors it was resolved with.

@@ -150,6 +150,11 @@ pub(super) fn settings(install_to: &str) -> Settings {
             Rule::Choice(&["auto", "job", "pod"]),
         ),
         value(f::PROGRESS_PATTERN, None, Rule::Pattern),
+        value(
+            f::ON_FAILURE,
+            Some(defaults::ON_FAILURE.name().to_string()),
+            Rule::Choice(&["exit", "restart"]),
+        ),
     ];
     // The sidecar's: on hostNetwork, where none is given, the policy chooses one as
     // inject does (`inject::transform::hostnet`).

@@ -373,6 +373,9 @@ fn validate(o: &Observation) -> Result<(), String> {
     }
     if let Some(p) = &o.progress {
         text("progress.note", &p.note, MAX_TEXT)?;
+        if let Some(f) = &p.failed {
+            text("progress.failed.note", &f.note, MAX_TEXT)?;
+        }
         if p.step
             .is_some_and(|s| crate::stall::progress::step(s).is_none())
         {
@@ -385,6 +388,11 @@ fn validate(o: &Observation) -> Result<(), String> {
         for (what, t) in [
             ("progress.at_ms", p.at_ms),
             ("progress.since_ms", p.since_ms),
+            ("progress.started_ms", p.started_ms),
+            (
+                "progress.failed.since_ms",
+                p.failed.as_ref().map(|f| f.since_ms),
+            ),
         ] {
             if t.is_some_and(|t| t > crate::time::MAX_MS) {
                 return Err(format!("{what} is past the year 9999"));

@@ -1,5 +1,6 @@
 use super::*;
 use crate::report::probe::ports::ConflictReason;
+use crate::stall::observation::FailedObservation;
 use crate::stall::progress::{Metric, Reported};
 
 fn sample() -> Observation {
@@ -77,6 +78,12 @@ fn sample() -> Observation {
                     name: "loss".into(),
                     value: "0.23".into(),
                 }],
+            }),
+            started_ms: Some(1_763_799_000_000),
+            down: false,
+            failed: Some(FailedObservation {
+                since_ms: 1_763_798_900_000,
+                note: "pod w-1 (worker/1, rank 1): torchrun exited with code 1".into(),
             }),
         }),
     }
