@@ -1,5 +1,5 @@
 //! exec's side of the group restart for a failed CMD (`--on-failure restart`; the
-//! decisions are [`crate::supervise::group`]'s): what it publishes of its run of CMD in
+//! decisions are [`crate::stall::group`]'s): what it publishes of its run of CMD in
 //! `trainlet.io/progress` (when it started, whether it is stopped for a restart, its
 //! last failure worth one), the peer failure it acts on, and the barrier's wait.
 
@@ -10,10 +10,10 @@ use tracing::info;
 
 use super::{Engine, Mode, peers_file};
 use crate::peers::drift as peer_watch;
+use crate::stall::group::{self, PeerFailure, PeerRun};
 use crate::stall::observation::{FailedObservation, ProgressObservation};
 use crate::stall::progress::Scope;
 use crate::supervise::decide::Failed;
-use crate::supervise::group::{self, PeerFailure, PeerRun};
 use crate::supervise::policy::OnFailure;
 use crate::time;
 
@@ -84,7 +84,7 @@ impl Engine {
     /// exec with `--on-failure restart`: the peer's failure to restart CMD for, while it
     /// runs ([`group::failure_to_act_on`]).
     pub(super) fn act_on_failure(&self) -> Option<Failed> {
-        let g = &self.group;
+        let g = &self.progress.group;
         if self.cfg.mode != Mode::Exec || !g.on || !g.together {
             return None;
         }
@@ -107,7 +107,7 @@ impl Engine {
                 .pod_name()
                 .unwrap_or_else(|| "this pod".into()),
         };
-        match &self.group.task {
+        match &self.progress.group.task {
             Some(task) => format!("pod {pod} ({task})"),
             None => format!("pod {pod}"),
         }
@@ -115,30 +115,30 @@ impl Engine {
 
     /// CMD failed and every rank restarts for it: published at once.
     pub(super) async fn publish_failure(&mut self, failed: &Failed) {
-        self.group.failed = Some(failed.clone());
+        self.progress.group.failed = Some(failed.clone());
         self.publish_run().await;
     }
 
     /// The peers' failures known now are answered without a restart.
     pub(super) fn pass_failures(&mut self) {
-        self.group.acted = self.peer_failures();
+        self.progress.group.acted = self.peer_failures();
     }
 
     /// CMD started again: the peers' failures known now were answered by this restart.
     pub(super) fn group_restarted(&mut self, now: SystemTime) {
-        self.group.started = now;
-        self.group.down = false;
-        self.group.acted = self.peer_failures();
+        self.progress.group.started = now;
+        self.progress.group.down = false;
+        self.progress.group.acted = self.peer_failures();
     }
 
     /// The barrier: says that CMD is stopped, and waits until every peer has stopped
     /// the CMD of the run that failed at `since`, or `until`; returns the peers that
     /// had not. In ParameterServer training nothing waits.
     pub(super) async fn barrier(&mut self, since: SystemTime, until: Instant) -> Vec<String> {
-        if !self.group.together {
+        if !self.progress.group.together {
             return Vec::new();
         }
-        self.group.down = true;
+        self.progress.group.down = true;
         self.publish_run().await;
         let every = self.cfg.interval;
         let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);

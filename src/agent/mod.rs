@@ -65,8 +65,6 @@ pub struct Engine {
     cfg: Config,
     /// Which process this is, decided once ([`Role::of`]).
     role: Role,
-    /// exec's run of CMD for the group restart of a failed CMD.
-    group: group::GroupRun,
     clock: Clock,
     view: PodView,
     link: Option<Link>,
@@ -147,6 +145,8 @@ struct ProgressParts {
     /// exec: CMD's progress and stalls (`--stall-after`, `--progress-pattern`).
     watching: Option<crate::stall::watching::Watching>,
     published: Option<crate::stall::peers::Annotation>,
+    /// exec's run of CMD, published for the group restart of a failed CMD.
+    group: group::GroupRun,
 }
 
 impl Engine {
@@ -200,7 +200,6 @@ impl Engine {
             group::GroupRun::new(cfg.restart.on_failure, cfg.cluster_file.as_deref(), started);
         Engine {
             role,
-            group,
             outgoing,
             inbox,
             peers,
@@ -215,6 +214,7 @@ impl Engine {
             progress: ProgressParts {
                 watching,
                 published: None,
+                group,
             },
             clock: Clock {
                 at: Instant::now(),

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use crate::cluster::drift::ClusterStatus;
 use crate::peerchange::file::{self as peers, PeersState};
 use crate::peerchange::protocol::{ExecWait, Relay};
+use crate::stall::group::{PeerFailure, PeerRun};
 use crate::stall::peers::PeerStall;
-use crate::supervise::group::{PeerFailure, PeerRun};
 
 /// The sidecar's end.
 pub(super) struct Outgoing {

@@ -117,10 +117,10 @@ impl Engine {
     pub(super) fn own_progress(&self) -> Option<ProgressObservation> {
         let mut o = match &self.progress.watching {
             Some(w) => observation(w),
-            None if self.group.on() => ProgressObservation::default(),
+            None if self.progress.group.on() => ProgressObservation::default(),
             None => return None,
         };
-        self.group.fill(&mut o);
+        self.progress.group.fill(&mut o);
         Some(o)
     }
 }

@@ -27,8 +27,8 @@ use crate::cluster::drift::{self, Drift, Live, Resolved};
 use crate::cluster::published::{self, Coordination, CoordinationRole, Resolution};
 use crate::cluster::{Cluster, Peer};
 use crate::render;
+use crate::stall::group::{PeerFailure, PeerRun};
 use crate::stall::peers::PeerStall;
-use crate::supervise::group::{PeerFailure, PeerRun};
 
 /// How long the first report waits for the watches' first lists; a watch that cannot
 /// list (no RBAC, the API server away) must not hold the report back.

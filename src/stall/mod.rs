@@ -2,9 +2,11 @@
 //! `--progress-pattern`, a heartbeat), when silence becomes a stall and of whom
 //! ([`progress`]); the shape exec hands over ([`observation`]); and the job's view of
 //! its peers' stalls — what `trainlet.io/progress` says, and which peer's stall a
-//! restart answers ([`peers`]). The agent (`src/agent`) feeds it the clock and
+//! restart answers ([`peers`]); and the same for a failed CMD's group restart, its
+//! barrier included ([`group`]). The agent (`src/agent`) feeds it the clock and
 //! CMD's output; the supervisor (`src/supervise`) acts on what it decides.
 
+pub mod group;
 pub mod observation;
 pub mod peers;
 pub mod progress;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::observation::ProgressObservation;
 use super::progress::Reported;
-use crate::supervise::group::{PeerFailure, PeerRun};
+use crate::stall::group::{PeerFailure, PeerRun};
 use crate::time;
 
 /// `trainlet.io/progress`: the last progress (refreshed at most every
@@ -38,7 +38,7 @@ pub struct Annotation {
     #[serde(default, flatten)]
     pub reported: Reported,
     /// When CMD's current run started, to the millisecond: the restart barrier of
-    /// `--on-failure restart` ([`crate::supervise::group`]).
+    /// `--on-failure restart` ([`crate::stall::group`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<String>,
     /// CMD is stopped for a restart and waits for every rank to stop its own.

@@ -19,13 +19,13 @@ use super::child::{Child, SpawnError};
 pub use super::decide::Standing;
 pub use super::decide::Trigger;
 use super::decide::{self, Decision, Facts, Failed, Next};
-use super::group;
 use super::policy::{self, OnFailure, Policy};
 use super::stop::{stop_tree, wait_for_stop};
 use crate::bootstrap::{self, InitConfig, InitError};
 use crate::render::frameworks::envfile;
 use crate::render::{self, ENV_FILE, TF_CONFIG_FILE, TfConfig};
 use crate::signal::{self, Signals};
+use crate::stall::group;
 use crate::{Code, Failure};
 
 /// Why CMD starts again.

@@ -6,7 +6,6 @@
 
 pub mod child;
 pub mod decide;
-pub mod group;
 pub mod launcher;
 pub mod lifecycle;
 pub mod output;

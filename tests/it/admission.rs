@@ -363,7 +363,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/stall_after": "10m"}),
-            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, metrics-addr, wrap (docs/admission.md)",
+            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, on-failure, metrics-addr, wrap (docs/admission.md)",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/wrap": "trainer"}),
