@@ -281,8 +281,10 @@ impl Supervisor {
             next = async {
                 let resume = match trigger {
                     Trigger::PeerChange(_) => {
+                        // The resolution that showed the change, as of the stop.
+                        let after = reporter.generation();
                         tokio::time::sleep(step.delay).await;
-                        Resume::PeerChange { after: reporter.generation() }
+                        Resume::PeerChange { after }
                     }
                     Trigger::Stall(_) => {
                         tokio::time::sleep(step.delay).await;

@@ -19,7 +19,7 @@ use crate::support::*;
 
 /// CMD of every test here: one line per start, the time it started and its
 /// TF_CONFIG, then it sleeps.
-const CMD: [&str; 3] = [
+pub(crate) const CMD: [&str; 3] = [
     "sh",
     "-c",
     r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,

@@ -6,19 +6,12 @@
 use std::time::Duration;
 
 use crate::lifecycle::{
-    handover_dirs, handover_init, kill_children, restarting, start_handover_with, unix_now,
+    CMD, handover_dirs, handover_init, kill_children, restarting, start_handover_with, unix_now,
     warnings_of,
 };
 use crate::report_support::*;
 use crate::support::jobs::*;
 use crate::support::*;
-
-/// CMD: one line per start (its time and TF_CONFIG), then it sleeps.
-const CMD: [&str; 3] = [
-    "sh",
-    "-c",
-    r#"echo "$(date +%s.%N) $TF_CONFIG" >> "$STARTS"; exec sleep 600"#,
-];
 
 /// CMD that ignores SIGTERM (and so does its sleep, which inherits it): it stops only
 /// at SIGKILL, --restart-grace (5 s) after exec asked.
