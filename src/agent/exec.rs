@@ -388,6 +388,7 @@ impl Engine {
     /// CMD started again: its silence counts from now, and the peers' stalls known now
     /// were answered by this restart. Called before the peer watch is made anew.
     pub(super) fn progress_restarted(&mut self) {
+        self.progress.restarts += 1;
         let known = self.peer_stalls();
         if let Some(w) = self.progress.watching.as_mut() {
             w.restarted(SystemTime::now(), known);

@@ -147,6 +147,8 @@ struct ProgressParts {
     published: Option<crate::stall::peers::Annotation>,
     /// exec's run of CMD, published for the group restart of a failed CMD.
     group: group::GroupRun,
+    /// The restarts of CMD so far, published with its progress.
+    restarts: u64,
 }
 
 impl Engine {
@@ -215,6 +217,7 @@ impl Engine {
                 watching,
                 published: None,
                 group,
+                restarts: 0,
             },
             clock: Clock {
                 at: Instant::now(),

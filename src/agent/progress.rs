@@ -121,6 +121,7 @@ impl Engine {
             None => return None,
         };
         self.progress.group.fill(&mut o);
+        o.restarts = self.progress.restarts;
         Some(o)
     }
 }

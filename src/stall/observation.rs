@@ -27,6 +27,10 @@ pub struct ProgressObservation {
     pub since_ms: Option<u64>,
     /// Stalls since exec started; each is one `Stalled` Event.
     pub stalls: u64,
+    /// The restarts of CMD by exec, whatever asked for them (a stall, a peer
+    /// change, a failure).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u64,
     /// `--stall-after`, in ms, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_ms: Option<u64>,
@@ -50,6 +54,11 @@ pub struct ProgressObservation {
     /// CMD's last failure that asks the job for a restart (`--on-failure restart`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<FailedObservation>,
+}
+
+/// For serde: a count of zero is left out.
+pub(crate) fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A failure of CMD that asks every rank of the job to restart.

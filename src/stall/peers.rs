@@ -28,6 +28,10 @@ pub struct Annotation {
     pub since: Option<String>,
     #[serde(default)]
     pub stalls: u64,
+    /// The restarts of CMD by exec (a stall, a peer change or a failure asked for
+    /// them): what `trainlet status` counts with the containers' restarts.
+    #[serde(default, skip_serializing_if = "super::observation::is_zero")]
+    pub restarts: u64,
     /// The resolver pod of a coordinated job: the other pods' stalls, which its
     /// followers, watching it alone, would not see otherwise. At most
     /// [`MAX_RELAYED`], the earliest first.
@@ -92,6 +96,7 @@ pub fn annotation(
         // To the millisecond: peers compare it with when their CMD last started.
         since: o.since_ms.map(|t| time::rfc3339_millis(time::from_ms(t))),
         stalls: o.stalls,
+        restarts: o.restarts,
         relayed: relayed
             .iter()
             .take(MAX_RELAYED)
@@ -116,6 +121,7 @@ pub fn annotation(
     // speaks for the job's silence reads it.
     if prev.stalled != fresh.stalled
         || prev.stalls != fresh.stalls
+        || prev.restarts != fresh.restarts
         || prev.silent != fresh.silent
         || prev.relayed != fresh.relayed
         || prev.reported.percent != fresh.reported.percent

@@ -91,7 +91,7 @@ async fn a_killed_rank_restarts_every_pods_command_in_place_after_every_rank_sto
     // The failure is published on pod 1, and every pod runs again, not down.
     for name in &names {
         eventually(
-            &format!("{name} running again"),
+            &format!("{name} running again, its one restart counted"),
             Duration::from_secs(30),
             || async {
                 let a = annotations(&client, &ns, name).await;
@@ -102,7 +102,7 @@ async fn a_killed_rank_restarts_every_pods_command_in_place_after_every_rank_sto
                     .duration_since(std::time::UNIX_EPOCH)
                     .ok()?
                     .as_secs_f64();
-                (p["down"].is_null() && started > failed_at).then_some(p)
+                (p["down"].is_null() && started > failed_at && p["restarts"] == 1).then_some(p)
             },
         )
         .await;
@@ -115,6 +115,33 @@ async fn a_killed_rank_restarts_every_pods_command_in_place_after_every_rank_sto
             "pod {} (worker/1, rank 1) failed: sh was killed by signal 9 (SIGKILL)",
             names[1]
         )
+    );
+    // `trainlet status` counts the restart of each pod's CMD.
+    let r = run(trainlet()
+        .args([
+            "status",
+            "-l",
+            "app=w",
+            "-o",
+            "json",
+            "-n",
+            &ns,
+            "--kubeconfig",
+        ])
+        .arg(kubeconfig()));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let counted: Vec<(&str, u64)> = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["pod"].as_str().unwrap(), p["restarts"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        counted,
+        names.iter().map(|n| (n.as_str(), 1)).collect::<Vec<_>>(),
+        "{}",
+        r.stdout
     );
     // One restart for one failure: the published failure restarts nothing again.
     for (p, name) in pods.iter().zip(&names) {

@@ -118,13 +118,35 @@ impl Logged {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (the kernel picks it), for servers a test starts.
+/// A free TCP port for servers a test starts, below the kernel's ephemeral range.
+///
+/// A port the kernel picked (`bind(…:0)`) is free only until the probe closes: the
+/// kernel may hand it out again to any other `bind(…:0)` or outgoing connection on
+/// this shared machine, and a test that watches its port for a minute then sees a
+/// stranger on it. Ports below `net.ipv4.ip_local_port_range` are never handed out;
+/// this process takes each at most once, from an offset of its pid.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let below: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    const FLOOR: u32 = 10000;
+    assert!(
+        below > FLOOR + 1000,
+        "the ephemeral range starts at {below}"
+    );
+    let span = below - FLOOR;
+    let offset = (u64::from(std::process::id()) * 7919 % u64::from(span)) as u32 + 1;
+    let _ = NEXT.compare_exchange(0, offset, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..span {
+        let port = (FLOOR + NEXT.fetch_add(1, Ordering::SeqCst) % span) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FLOOR}..{below}");
 }
 
 /// The files in a directory, sorted, for "nothing was written" checks.
