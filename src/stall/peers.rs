@@ -281,6 +281,20 @@ mod tests {
         assert_eq!(next.reported.metrics[0].value, "0.4");
     }
 
+    /// A restart of CMD is published at once, with the count `trainlet status` adds to
+    /// the containers' restarts.
+    #[test]
+    fn a_restart_is_news_and_counted() {
+        let first = annotation(&obs(Some(1_000), false, 0), None, None, &[]);
+        let mut o = obs(Some(1_010), false, 0);
+        o.restarts = 2;
+        let next = annotation(&o, Some(&first), None, &[]);
+        assert_eq!(
+            serde_json::to_string(&next).unwrap(),
+            r#"{"at":"1970-01-01T00:16:50Z","step":3.0,"stalled":false,"stalls":0,"restarts":2}"#
+        );
+    }
+
     #[test]
     fn the_annotation_refreshes_the_time_only_so_often() {
         let first = annotation(

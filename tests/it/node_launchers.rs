@@ -763,3 +763,155 @@ async fn tensorflow_parameter_servers_stall_a_frozen_worker_alone() {
     );
     on.done().await;
 }
+
+/// Steps per run of the faults' job: each fault comes at step [`FAULT_AT`] of its run,
+/// and the last run trains to the end.
+const FAULT_STEPS: u32 = 30;
+/// The step of each run at which its fault comes.
+const FAULT_AT: u32 = 10;
+
+/// docs/failure-handling.md's `--on-failure restart` on the corpus' torchrun job
+/// (`--nproc-per-node 2` in each of 2 pods), through the three failures of one rank
+/// that leave its peers stuck in the next all-reduce, one per run:
+/// 1. a worker process of pod 1 `SIGKILL`ed (`kubectl exec`, as a person does it);
+/// 2. a Python exception on global rank 3 (pod 1's second worker);
+/// 3. global rank 2 (pod 1's first worker) OOM-killed by the kernel, in the
+///    container's memory cgroup.
+///
+/// Each time every pod's command restarts in place, once; no container restarts, no
+/// pod is replaced, and the job completes, every rank in the last all-reduce.
+/// `TRAINLET_RESTART_BACKOFF` in the training container's environment sets exec's
+/// `--restart-backoff`, as a user may.
+#[tokio::test]
+async fn torchrun_restarts_in_place_for_a_killed_worker_an_exception_and_an_oom_kill() {
+    let py = require!(framework_python());
+    let on = require!(corpus_namespace("fault").await);
+    let job = "fault";
+    let command = ["torchrun", "--nproc-per-node", "2", "/scripts/ddp_train.py"];
+    let mut plain = corpus_job(py, job, 2, &command, FAULT_STEPS);
+    {
+        let main = &mut pod_spec(&mut plain)["containers"][0];
+        let env = main["env"].as_array_mut().unwrap();
+        env.push(
+            json!({"name": "FAULT", "value": format!("2:3:raise@{FAULT_AT},3:2:oom@{FAULT_AT}")}),
+        );
+        env.push(json!({"name": "TRAINLET_RESTART_BACKOFF", "value": "1s"}));
+        // Room for torchrun and its two workers, not for the third fault's allocation.
+        main["resources"]["limits"]["memory"] = json!("1536Mi");
+    }
+    let flags = [
+        "--nproc-per-node=2",
+        "--on-failure=restart",
+        "--max-restarts=3",
+        "--restart-grace=5s",
+    ];
+    on.inject_and_apply(&plain, &flags, |_| {});
+    let died = || async { describe_pods(&on.pods()).await };
+    let fault_line = format!("step {FAULT_AT} ");
+    let runs_at = |n: usize| {
+        let fault_line = fault_line.clone();
+        let on = &on;
+        async move {
+            eventually(
+                &format!("{job}: run {n} at step {FAULT_AT}"),
+                CORPUS_TIMEOUT,
+                || async {
+                    assert!(!job_failed(on, job).await, "{job}: the Job failed");
+                    (count(on, job, &fault_line).await >= n).then_some(())
+                },
+            )
+            .await
+        }
+    };
+    runs_at(1).await;
+    let pods = live_pods(&on, job).await;
+    assert_eq!(pods.len(), 2, "{}", died().await);
+    let names: Vec<String> = pods.iter().map(ResourceExt::name_any).collect();
+    // 1. A worker of pod 1 SIGKILLed.
+    let script = format!(
+        "for p in /proc/[0-9]*; do if {TORCH_WORKER}; then kill -KILL \"${{p#/proc/}}\" && echo \"${{p#/proc/}}\"; fi; done"
+    );
+    let killed = kubectl_on(
+        on.kc,
+        &[
+            "exec", "-n", &on.ns, &names[1], "-c", "main", "--", "sh", "-c", &script,
+        ],
+    );
+    assert_eq!(
+        killed.lines().count(),
+        1,
+        "{job}: one worker killed: {killed}"
+    );
+    // 2. and 3. come in the next runs by themselves.
+    let (kind, _, message) = on.job_end_within(job, CORPUS_TIMEOUT).await;
+    assert_eq!(kind, "Complete", "{job}: {message}\n{}", died().await);
+
+    let after = job_pods(&on.client, &on.ns, job).await;
+    let mut seen: Vec<String> = after.iter().map(ResourceExt::name_any).collect();
+    seen.sort();
+    assert_eq!(seen, names, "{job}: no pod replaced");
+    for p in &after {
+        let s = p.status.as_ref().unwrap();
+        let restarted: Vec<(String, i32)> = s
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(s.init_container_statuses.iter().flatten())
+            .map(|c| (c.name.clone(), c.restart_count))
+            .filter(|(_, n)| *n != 0)
+            .collect();
+        assert_eq!(
+            restarted,
+            vec![],
+            "{job}: {}: no container restarted",
+            p.name_any()
+        );
+    }
+    let restarts = timed_events(&on, "Restarting").await;
+    let of = |pod: &str| restarts.iter().filter(|(_, _, p)| p == pod).count();
+    assert_eq!(
+        (of(&names[0]), of(&names[1])),
+        (3, 3),
+        "{job}: every pod's command restarted once per fault: {restarts:#?}"
+    );
+    // Pod 1's own notes name its failures, in order.
+    let own: Vec<&str> = restarts
+        .iter()
+        .filter(|(_, _, p)| *p == names[1])
+        .map(|(_, note, _)| note.as_str())
+        .collect();
+    let failed = format!(
+        "pod {} (worker/1, rank 1) failed: torchrun exited with code 1; root cause: ",
+        names[1]
+    );
+    for (note, cause) in own.iter().zip([
+        "SIGKILL",
+        "RuntimeError: injected fault at step 10",
+        "SIGKILL",
+    ]) {
+        assert!(
+            note.contains(&failed) && note.contains(cause),
+            "{job}: {cause}: {own:#?}"
+        );
+    }
+    let kills = timed_events(&on, "OOMKill").await;
+    assert_eq!(kills.len(), 1, "{job}: {kills:#?}");
+    let out = cmd_output(&on, job).await;
+    let last_run = out
+        .iter()
+        .rposition(|(_, line)| line.starts_with("training: "))
+        .unwrap();
+    assert_eq!(
+        out[last_run..].last().map(|(_, l)| l.as_str()),
+        Some("done: world=4 sum=4"),
+        "{job}: {:?}",
+        &out[last_run..]
+    );
+    assert_eq!(
+        out.iter()
+            .filter(|(_, l)| l.starts_with("training: "))
+            .count(),
+        4
+    );
+    on.done().await;
+}

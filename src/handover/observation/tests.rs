@@ -69,6 +69,7 @@ fn sample() -> Observation {
             silent: false,
             since_ms: Some(1_763_800_000_000),
             stalls: 1,
+            restarts: 1,
             after_ms: Some(300_000),
             note: "no progress for 5m; last step 145 in \"step 145\"".into(),
             reported: Some(Reported {
