@@ -132,6 +132,9 @@ pub fn status_ooms(pod: &Pod) -> Vec<StatusOom> {
 /// In sidecar mode with `--cgroup-root`, a container whose main process is OOM-killed
 /// shows up twice: in its cgroup's counter, then as `OOMKilled` in pod status. A status
 /// kill within [`MERGE_WINDOW`] of a cgroup kill of the same container is the same kill.
+/// A container that ends by itself, with any code but 137, after a child of its was
+/// OOM-killed is `OOMKilled` in pod status too (containerd's record of the kill, on
+/// cgroup v1): the same kill as that earlier one.
 #[derive(Debug, Clone)]
 pub struct OomLedger {
     started: SystemTime,
@@ -202,9 +205,18 @@ impl OomLedger {
             return None;
         }
         let at = s.finished_at.unwrap_or(started);
-        if let Some(c) = self.cgroup_kills.iter_mut().find(|(c, t, merged)| {
-            !*merged && *c == s.container && abs_diff(*t, at) <= MERGE_WINDOW
-        }) {
+        // A container that exited by itself (not 137) was not killed: containerd
+        // marks `OOMKilled` a container in whose cgroup any process was OOM-killed,
+        // however long before its end. Its twin is such an earlier kill.
+        let twin = |t: SystemTime| match s.exit_code {
+            137 => abs_diff(t, at) <= MERGE_WINDOW,
+            _ => t <= at + MERGE_WINDOW,
+        };
+        if let Some(c) = self
+            .cgroup_kills
+            .iter_mut()
+            .find(|(c, t, merged)| !*merged && *c == s.container && twin(*t))
+        {
             c.2 = true;
             return None;
         }
@@ -397,6 +409,44 @@ mod tests {
             ..s
         };
         assert!(ledger.record_status(&s2, None).is_some());
+        assert_eq!(ledger.total, 2);
+    }
+
+    /// A child OOM-killed, the container running on; at its end, minutes later, it exits
+    /// 0 and the runtime says `OOMKilled`: one kill. A container killed (137) long after
+    /// a child's kill is a second one.
+    #[test]
+    fn a_childs_kill_and_the_runtimes_oomkilled_at_the_containers_end_count_once() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let child = |ledger: &mut OomLedger| {
+            let kill = OomKill {
+                time: crate::time::rfc3339_seconds(t0),
+                container: "main".into(),
+                source: "cgroup",
+                process: None,
+                group: false,
+                memory_usage: None,
+                memory_peak: None,
+                memory_limit: None,
+                restart_count: None,
+                exit_code: None,
+            };
+            ledger.record_cgroup(kill, t0 + Duration::from_secs(1));
+        };
+        let ended = |key: &str, exit_code: i32| StatusOom {
+            container: "main".into(),
+            key: key.into(),
+            finished_at: Some(t0 + Duration::from_secs(240)),
+            restart_count: 0,
+            exit_code,
+        };
+        let mut ledger = OomLedger::new(t0);
+        child(&mut ledger);
+        assert_eq!(ledger.record_status(&ended("k1", 0), None), None);
+        assert_eq!(ledger.total, 1);
+        let mut ledger = OomLedger::new(t0);
+        child(&mut ledger);
+        assert!(ledger.record_status(&ended("k1", 137), None).is_some());
         assert_eq!(ledger.total, 2);
     }
 }
