@@ -20,7 +20,10 @@
 //!    joins, the peers' commands restart once more, and the job completes, every rank
 //!    in the last all-reduce.
 //!
-//! docs/launchers.md has the outcome table these tests hold.
+//! With `--on-failure restart`, the torchrun job also lives through the failures of one
+//! rank (a SIGKILLed worker, an exception, an OOM kill), each restarted in place.
+//!
+//! docs/launchers.md has the outcome tables these tests hold.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
