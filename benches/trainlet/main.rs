@@ -32,9 +32,9 @@
 //!    job to the last pod's TF_CONFIG written, trainlet's init container against a
 //!    hand-written kubectl one, and each container's peak memory from the kubelet's
 //!    cgroup (node.rs; `target/bench/results-node.json`).
-//! 9. recovery, on the same node: from a pod's deletion until every rank trains again
-//!    with the new cluster, trainlet's in-place restart against recreating every pod
-//!    (recovery.rs; `target/bench/results-recovery.json`).
+//! 9. recovery, on the same node: from a rank's failure until every rank trains again,
+//!    in place on failure, in place after a replaced pod, recreating every pod, and a
+//!    JobSet's own restart (recovery.rs; `target/bench/results-recovery.json`).
 //! 10. the pre-flight: what `init --preflight` adds to a job's start at N = 64 and 256,
 //!     with real sockets between the agents (preflight.rs;
 //!     `target/bench/results-preflight.json`).

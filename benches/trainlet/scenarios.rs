@@ -182,9 +182,11 @@ pub async fn run_all() {
     } else {
         None
     };
-    // The same node: recovery from a replaced pod, in place against recreating the job.
+    // The same node: recovery from a failed rank, four ways.
     let recovered = if want("recovery") {
-        eprintln!("bench: recovery from a replaced pod, in place against recreating every pod");
+        eprintln!(
+            "bench: recovery from a failed rank: in place on failure, after a replaced pod, recreating every pod, a JobSet's restart"
+        );
         recovery::run().await
     } else {
         None
