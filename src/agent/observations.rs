@@ -286,6 +286,11 @@ impl Engine {
             || news.stall.is_some()
             || group_changed)
             && self.news.urgency.take(std::time::Instant::now());
+        // The run's state is the restart barrier's (`--on-failure restart`): the peers
+        // wait on this pod's `down` and `started`, not on the patch interval.
+        if group_changed && urgent {
+            self.outbox.hurry();
+        }
         let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
         if let Some(note) = &news.stall {
             self.log_news(note);

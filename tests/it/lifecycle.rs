@@ -529,6 +529,20 @@ pub(crate) fn start_handover_with(
     flags: &[&str],
     cmd: &[&str],
 ) -> HandoverPod {
+    start_handover_patching(kc, ns, pod, dirs, flags, cmd, "1s")
+}
+
+/// [`start_handover_with`], the sidecar patching at most every `min_patch_interval`
+/// unless news hurries it.
+pub(crate) fn start_handover_patching(
+    kc: &Path,
+    ns: &str,
+    pod: &str,
+    dirs: HandoverDirs,
+    flags: &[&str],
+    cmd: &[&str],
+    min_patch_interval: &str,
+) -> HandoverPod {
     let HandoverDirs {
         dir,
         files,
@@ -547,6 +561,8 @@ pub(crate) fn start_handover_with(
             cluster_file.to_str().unwrap(),
             "--nvml-lib",
             "/nonexistent/libnvidia-ml.so.1",
+            "--min-patch-interval",
+            min_patch_interval,
         ],
     ));
     let starts = dir.path().join("starts");
