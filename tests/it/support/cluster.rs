@@ -155,33 +155,30 @@ pub async fn delete_namespace(client: &Client, name: &str) {
             let now = kube::api::DeleteParams::default().grace_period(0);
             let _ = pods.delete(pod, &now).await;
         }
-        let left = match api.get_opt(name).await {
+        // What the namespace controller says remains: its conditions that are True.
+        let left: Vec<String> = match api.get_opt(name).await {
             Ok(None) => return,
             Ok(Some(ns)) => ns.status.and_then(|s| s.conditions).unwrap_or_default(),
             Err(_) => Vec::new(),
-        };
+        }
+        .into_iter()
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.unwrap_or(c.type_))
+        .collect();
         let pods_gone = asked && left_pods.is_ok_and(|p| p.is_empty());
         // What a test holds is its pods: once they are gone, the rest of the
         // namespace is the namespace controller's to finish (it retries at its own
         // pace, up to a minute apart), and no test waits on it.
         if pods_gone && start.elapsed() >= Duration::from_secs(60) {
             eprintln!(
-                "namespace {name}: no pods left, still terminating after {:?}: {:?}",
-                start.elapsed(),
-                left.iter()
-                    .filter(|c| c.status == "True")
-                    .map(|c| c.message.as_deref().unwrap_or(&c.type_))
-                    .collect::<Vec<_>>()
+                "namespace {name}: no pods left, still terminating after {:?}: {left:?}",
+                start.elapsed()
             );
             return;
         }
         assert!(
             start.elapsed() < Duration::from_secs(180),
-            "namespace {name}: pods are still there after 180s: {:?}",
-            left.iter()
-                .filter(|c| c.status == "True")
-                .map(|c| c.message.as_deref().unwrap_or(&c.type_))
-                .collect::<Vec<_>>()
+            "namespace {name}: pods are still there after 180s: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -375,13 +375,11 @@ mod tests {
         assert_eq!(ledger.kills.len(), 1, "a carried kill has no details");
     }
 
-    #[test]
-    fn a_cgroup_kill_and_its_pod_status_twin_count_once() {
-        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let mut ledger = OomLedger::new(t0);
-        let kill = OomKill {
-            time: crate::time::rfc3339_seconds(t0),
-            container: "trainer".into(),
+    /// A kill the cgroup counter saw in `container`, without details.
+    fn cgroup_kill(container: &str, at: SystemTime) -> OomKill {
+        OomKill {
+            time: crate::time::rfc3339_seconds(at),
+            container: container.into(),
             source: "cgroup",
             process: None,
             group: false,
@@ -390,8 +388,14 @@ mod tests {
             memory_limit: None,
             restart_count: None,
             exit_code: None,
-        };
-        ledger.record_cgroup(kill, t0 + Duration::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn a_cgroup_kill_and_its_pod_status_twin_count_once() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut ledger = OomLedger::new(t0);
+        ledger.record_cgroup(cgroup_kill("trainer", t0), t0 + Duration::from_secs(2));
         let s = StatusOom {
             container: "trainer".into(),
             key: "k1".into(),
@@ -419,19 +423,7 @@ mod tests {
     fn a_childs_kill_and_the_runtimes_oomkilled_at_the_containers_end_count_once() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let child = |ledger: &mut OomLedger| {
-            let kill = OomKill {
-                time: crate::time::rfc3339_seconds(t0),
-                container: "main".into(),
-                source: "cgroup",
-                process: None,
-                group: false,
-                memory_usage: None,
-                memory_peak: None,
-                memory_limit: None,
-                restart_count: None,
-                exit_code: None,
-            };
-            ledger.record_cgroup(kill, t0 + Duration::from_secs(1));
+            ledger.record_cgroup(cgroup_kill("main", t0), t0 + Duration::from_secs(1));
         };
         let ended = |key: &str, exit_code: i32| StatusOom {
             container: "main".into(),
