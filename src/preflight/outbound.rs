@@ -32,13 +32,17 @@ pub struct Target<'a> {
     pub past_init: bool,
 }
 
-/// Connects to the next task until the path is proven or the deadline passes.
+/// Connects to the next task until the path is proven or the deadline passes. What the
+/// peer's trainlet-init answered, a refusal of this pod's hello, outlives the attempts
+/// after it: near the deadline the peer gives up too, and an attempt that then lands in
+/// its backlog unanswered says less about the path.
 pub async fn reach(to: &Target<'_>, deadline: Instant) -> Outbound {
     let mut last = Outbound::NoAnswer;
+    let mut answered: Option<String> = None;
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return last;
+            return answered.map_or(last, Outbound::Failed);
         }
         match timeout_at(deadline.min(now + CONNECT), TcpStream::connect(to.address)).await {
             // A running pod's training process answers what it likes: the connection
@@ -48,7 +52,11 @@ pub async fn reach(to: &Target<'_>, deadline: Instant) -> Outbound {
                 let until = deadline.min(Instant::now() + CONNECTION);
                 match timeout_at(until, exchange(s, to)).await {
                     Ok(Ok(())) => return Outbound::Connected,
-                    Ok(Err(why)) => last = Outbound::Failed(why),
+                    Ok(Err(Exchange::Closed(why))) => last = Outbound::Failed(why),
+                    Ok(Err(Exchange::Refused(why))) => {
+                        last = Outbound::Failed(why.clone());
+                        answered = Some(why);
+                    }
                     Err(_) => {
                         last = Outbound::Failed(format!(
                             "its port took the connection, but its trainlet-init did not answer within {}s",
@@ -71,11 +79,21 @@ pub async fn reach(to: &Target<'_>, deadline: Instant) -> Outbound {
     }
 }
 
+/// Why an exchange did not prove the path.
+enum Exchange {
+    /// The connection ended before an answer.
+    Closed(String),
+    /// The peer's answer did not check out: it refused this pod's hello.
+    Refused(String),
+}
+
 /// The connecting half of [`hello`]'s exchange: the path is proven once the ack checks
 /// out and the confirm is sent.
-async fn exchange(mut s: TcpStream, to: &Target<'_>) -> Result<(), String> {
+async fn exchange(mut s: TcpStream, to: &Target<'_>) -> Result<(), Exchange> {
     let closed = |e: std::io::Error| {
-        format!("its port took the connection, but its trainlet-init did not answer ({e})")
+        Exchange::Closed(format!(
+            "its port took the connection, but its trainlet-init did not answer ({e})"
+        ))
     };
     let own = super::nonce();
     let (read, mut write) = s.split();
@@ -83,7 +101,8 @@ async fn exchange(mut s: TcpStream, to: &Target<'_>) -> Result<(), String> {
     let said = hello::hello(to.key, to.path, &own);
     write.write_all(said.as_bytes()).await.map_err(closed)?;
     let line = read_line(&mut read).await.map_err(closed)?;
-    let acked = hello::check_answer(to.key, &line, to.path, &own).map_err(|e| e.to_string())?;
+    let acked = hello::check_answer(to.key, &line, to.path, &own)
+        .map_err(|e| Exchange::Refused(e.to_string()))?;
     let confirm = hello::confirm(to.key, to.path, &own, &acked);
     write.write_all(confirm.as_bytes()).await.map_err(closed)?;
     write.flush().await.map_err(closed)?;
