@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -411,6 +411,56 @@ pub async fn describe_pods(pods: &Api<Pod>) -> String {
                 out += &format!("    {l}\n");
             }
         }
+        if spec.node_name.as_deref() == Some("trainlet-cgroup2") {
+            out += &cgroup2_kubelet_lines(&p.name_any());
+        }
     }
-    out
+    out + &namespace_events(pods).await
+}
+
+/// The namespace's last Events, oldest first: why a pod did not start (a sandbox that
+/// failed, an image the node lacks) is there, not in the pods' states.
+async fn namespace_events(pods: &Api<Pod>) -> String {
+    let ns = pods.namespace().unwrap_or_default();
+    let events: Api<Event> = Api::namespaced(pods.clone().into_client(), ns);
+    let Ok(list) = events.list(&ListParams::default()).await else {
+        return "events: the API server did not list them\n".to_string();
+    };
+    let mut items = list.items;
+    items.sort_by_key(|e| e.last_timestamp.clone().or(e.first_timestamp.clone()));
+    let start = items.len().saturating_sub(20);
+    items[start..]
+        .iter()
+        .fold("events:\n".to_string(), |out, e| {
+            out + &format!(
+                "  {} {} {}: {}\n",
+                e.type_.as_deref().unwrap_or_default(),
+                e.reason.as_deref().unwrap_or_default(),
+                e.involved_object.name.as_deref().unwrap_or_default(),
+                e.message.as_deref().unwrap_or_default()
+            )
+        })
+}
+
+/// What the cgroup v2 node's kubelet and containerd logged about a pod, the last lines:
+/// that node is a machine of its own whose logs no API reads.
+fn cgroup2_kubelet_lines(pod: &str) -> String {
+    let script = format!(
+        "grep -h -F '{pod}' /var/log/kubelet.log /var/log/containerd.log | tail -n 15; \
+         echo '-- the kubelet errors:'; grep -E '^E[0-9]' /var/log/kubelet.log | tail -n 5"
+    );
+    let out = Command::new(repo().join("tests/node/cgroup2/exec"))
+        .args(["-t", "20", &script])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) => format!(
+            "  the cgroup v2 node's logs about it:\n{}",
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| format!("    {l}\n"))
+                .collect::<String>()
+        ),
+        Err(e) => format!("  the cgroup v2 node's logs: cannot run tests/node/cgroup2/exec: {e}\n"),
+    }
 }
