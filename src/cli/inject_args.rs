@@ -55,11 +55,14 @@ pub struct InjectArgs {
     #[arg(long = flags::FAILURE_POLICY, env = "TRAINLET_FAILURE_POLICY")]
     pub failure_policy: bool,
 
-    /// With --failure-policy: the training container's exit codes that fail the Job at
-    /// once, comma-separated (e.g. `2,126,127,42`), instead of trainlet's (1, 2, 126,
-    /// 127, 128, 139; 2, 126, 127, 128, 139 for a container that runs a launcher such
-    /// as torchrun itself, whose exit 1 may be any worker's transient failure). Each
-    /// from 1 to 255; every other code is counted against backoffLimit.
+    /// With --failure-policy or --on-failure restart: the training container's exit
+    /// codes that are not worth a retry, comma-separated without spaces (e.g.
+    /// `2,126,127,42`), instead of trainlet's (1, 2, 126, 127, 128, 139; 2, 126, 127,
+    /// 128, 139 for a container that runs a launcher such as torchrun itself, whose
+    /// exit 1 may be any worker's transient failure). Each from 1 to 255. They fail the
+    /// Job at once (every other code is counted against backoffLimit), and with
+    /// --on-failure restart the wrapped `trainlet exec` ends on them instead of
+    /// restarting in place (`exec --permanent-exit-codes`, written into its command).
     #[arg(
         long = flags::PERMANENT_EXIT_CODES,
         env = "TRAINLET_PERMANENT_EXIT_CODES",

@@ -1078,7 +1078,7 @@ fn permanent_exit_codes_replace_the_training_containers_codes() {
     ];
     let default = inject(src, &config(&args)).unwrap();
     let mut with = args.to_vec();
-    with.extend(["--permanent-exit-codes", "42, 2,42,126"]);
+    with.extend(["--permanent-exit-codes", "42,2,42,126"]);
     for input in [src, default.yaml.as_str()] {
         let out = inject(input, &config(&with)).unwrap();
         assert_eq!(
@@ -1101,12 +1101,20 @@ fn permanent_exit_codes_are_checked() {
         "--failure-policy",
         "--permanent-exit-codes",
     ];
+    let digits =
+        "give exit codes from 1 to 255 in digits, separated by ',' without spaces, e.g. 2,126,127";
     for (codes, why) in [
         ("0,1", "0 is success, never a failure"),
-        ("1,256", "\"256\" is not an exit code from 1 to 255"),
-        ("1,-1", "\"-1\" is not an exit code from 1 to 255"),
-        ("1;2", "\"1;2\" is not an exit code from 1 to 255"),
-        (" , ", "give one exit code or more, e.g. 2,126,127"),
+        ("1, 0", "0 is success, never a failure"),
+        ("1,256", digits),
+        ("1,-1", digits),
+        ("1;2", digits),
+        ("1, 2", digits),
+        ("01", digits),
+        ("+1", digits),
+        ("1,,2", digits),
+        (" , ", digits),
+        ("", digits),
     ] {
         let mut args = base.to_vec();
         args.push(codes);
@@ -1117,13 +1125,24 @@ fn permanent_exit_codes_are_checked() {
             format!("invalid --permanent-exit-codes {codes:?}: {why}")
         );
     }
-    let all: Vec<String> = (1..=255).chain(1..=255).map(|c| c.to_string()).collect();
-    let all = all.join(",");
+    // Every code once fits the bound the policy checks; twice does not.
+    let once: Vec<String> = (1..=255).rev().map(|c| c.to_string()).collect();
+    let once = once.join(",");
     let mut args = base.to_vec();
-    args.push(&all);
+    args.push(&once);
     assert_eq!(
         config(&args).permanent_exit_codes,
         Some((1..=255).collect::<Vec<i32>>())
+    );
+    let twice = format!("{once},{once}");
+    let mut args = base.to_vec();
+    args.push(&twice);
+    assert_eq!(
+        config_err(&args).message,
+        format!(
+            "invalid --permanent-exit-codes {twice:?}: {} characters, at most 1024 allowed",
+            twice.len()
+        )
     );
     let e = config_err(&[
         "--job",
@@ -1133,7 +1152,67 @@ fn permanent_exit_codes_are_checked() {
     ]);
     assert_eq!(
         e.message,
-        "--permanent-exit-codes replaces the codes of the podFailurePolicy that --failure-policy adds; pass --failure-policy"
+        "--permanent-exit-codes names the codes that the podFailurePolicy of --failure-policy fails the Job on, and that --on-failure restart does not retry; pass either"
+    );
+}
+
+/// With `--on-failure restart`, the wrapped exec gets the codes too, as given, after
+/// `--on-failure`: a code the Job fails on is not first restarted in place. Without
+/// `--failure-policy` they are exec's alone; without `--on-failure restart`, the Job's.
+#[test]
+fn permanent_exit_codes_reach_the_wrapped_exec_with_on_failure_restart() {
+    let src = include_str!("../../tests/fixtures/inject/failure-policy.orig.yaml");
+    let exec_args = |extra: &[&str]| {
+        let mut args = vec![
+            "--job",
+            "worker=batch.kubernetes.io/job-name=mnist",
+            "--wrap",
+            "tensorflow",
+        ];
+        args.extend(extra);
+        let out = inject(src, &config(&args)).unwrap();
+        let c = &docs(&out.yaml)[0]["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<String> = c["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .filter(|a| a.starts_with("--on-failure") || a.starts_with("--permanent"))
+            .collect();
+        (args, docs(&out.yaml)[0]["spec"]["podFailurePolicy"].clone())
+    };
+    let (args, policy) = exec_args(&["--on-failure", "restart", "--permanent-exit-codes", "42,3"]);
+    assert_eq!(
+        args,
+        ["--on-failure=restart", "--permanent-exit-codes=42,3"]
+    );
+    assert!(policy.is_null(), "{policy}");
+    let (args, policy) = exec_args(&[
+        "--on-failure",
+        "restart",
+        "--failure-policy",
+        "--permanent-exit-codes",
+        "42,3",
+    ]);
+    assert_eq!(
+        args,
+        ["--on-failure=restart", "--permanent-exit-codes=42,3"]
+    );
+    assert_eq!(
+        policy["rules"][2]["onExitCodes"]["values"],
+        serde_json::json!([3, 42])
+    );
+    let (args, _) = exec_args(&["--failure-policy", "--permanent-exit-codes", "42,3"]);
+    assert!(args.is_empty(), "{args:?}");
+    let e = config_err(&[
+        "--job",
+        "worker=batch.kubernetes.io/job-name=mnist",
+        "--on-failure",
+        "restart",
+    ]);
+    assert_eq!(
+        e.message,
+        "--on-failure acts on the command of the container that --wrap names; pass --wrap CONTAINER"
     );
 }
 

@@ -363,7 +363,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/stall_after": "10m"}),
-            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, on-failure, metrics-addr, wrap (docs/admission.md)",
+            "unknown annotation trainlet.io/stall_after: trainlet's settings are trainlet.io/<flag> for the flags job, expect, port, port-name, address, cluster-domain, order, ready, rpc-layer, environment, timeout, coordinate, coordinate-from, preflight, framework, nproc-per-node, slots, master-port, coordinator-port, nnodes, on-peer-change, max-restarts, restart-grace, stall-after, on-stall, stall-scope, progress-pattern, on-failure, permanent-exit-codes, metrics-addr, wrap (docs/admission.md)",
         ),
         (
             json!({"trainlet.io/job": job, "trainlet.io/wrap": "trainer"}),
@@ -388,6 +388,14 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
         (
             json!({"trainlet.io/job": job, "trainlet.io/stall-after": "10m"}),
             "the annotation trainlet.io/stall-after acts on the command of the container that trainlet.io/wrap names: add trainlet.io/wrap",
+        ),
+        (
+            json!({"trainlet.io/job": job, "trainlet.io/wrap": "main", "trainlet.io/permanent-exit-codes": "42"}),
+            "the annotation trainlet.io/permanent-exit-codes \"42\" names the codes that trainlet.io/on-failure restart does not retry: add it",
+        ),
+        (
+            json!({"trainlet.io/job": job, "trainlet.io/wrap": "main", "trainlet.io/on-failure": "restart", "trainlet.io/permanent-exit-codes": "1, 42"}),
+            "invalid annotation trainlet.io/permanent-exit-codes \"1, 42\": give exit codes from 1 to 255 in digits, separated by ',' without spaces, e.g. 2,126,127",
         ),
     ];
     for (annotations, why) in cases {

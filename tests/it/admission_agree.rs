@@ -198,6 +198,37 @@ fn seeds(flag: &str) -> Vec<String> {
         .map(String::from)
         .to_vec(),
         "wrap" => ["main", "nope", "Main"].map(String::from).to_vec(),
+        "on-failure" => choice(&["exit", "restart"]),
+        "permanent-exit-codes" => [
+            "2,126,127",
+            "42",
+            "3,42,3",
+            "255",
+            "0",
+            "0,1",
+            "256",
+            "1, 2",
+            "01",
+            "+1",
+            "1,,2",
+            "1,2,",
+            "-1",
+            "1;2",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([
+            (1..=255)
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            (1..=255)
+                .chain(1..=255)
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
+        .collect(),
         "metrics-addr" => [
             "0.0.0.0:9465",
             "0.0.0.0:9464",
@@ -235,7 +266,11 @@ fn corpus(flag: &str, rng: &mut StdRng) -> Vec<String> {
         out.push(format!("{s}\n"));
         out.push(format!("{s}é"));
     }
-    let max = if flag == "job" { 4096 } else { 256 };
+    let max = match flag {
+        "job" => 4096,
+        "permanent-exit-codes" => 1024,
+        _ => 256,
+    };
     out.push(format!(
         "{}{}",
         seeds[0],
@@ -282,9 +317,14 @@ fn shown(v: &str) -> String {
         .replace('\r', "\\r")
 }
 
-/// The plain pod, and its settings as annotations and as inject's flags.
+/// The plain pod, and its settings as annotations and as inject's flags. The exit codes
+/// that `--on-failure restart` does not retry are tried with it (without it, both
+/// refuse them: tests/it/admission.rs).
 fn case(flag: &str, value: &str) -> (Value, Vec<String>) {
     let mut settings: BTreeMap<&str, &str> = BASE.into_iter().collect();
+    if flag == "permanent-exit-codes" {
+        settings.insert("on-failure", "restart");
+    }
     settings.insert(flag, value);
     let annotations: serde_json::Map<String, Value> = settings
         .iter()
@@ -360,6 +400,8 @@ async fn the_policy_refuses_exactly_the_values_inject_refuses() {
         "on-stall",
         "stall-scope",
         "progress-pattern",
+        "on-failure",
+        "permanent-exit-codes",
         "metrics-addr",
         "wrap",
     ];
@@ -591,6 +633,25 @@ fn shapes() -> Vec<Shape> {
             ],
             pod: pod(
                 "torchrun-but-tensorflow",
+                labels.clone(),
+                json!({}),
+                spec(
+                    json!([container("main", json!(["torchrun", "train.py"]))]),
+                    json!([]),
+                    json!([]),
+                ),
+            ),
+        },
+        Shape {
+            name: "restart-on-failure",
+            settings: vec![
+                ("job", "worker=app=trainer"),
+                ("wrap", "main"),
+                ("on-failure", "restart"),
+                ("permanent-exit-codes", "42,3,42"),
+            ],
+            pod: pod(
+                "restart-on-failure",
                 labels.clone(),
                 json!({}),
                 spec(

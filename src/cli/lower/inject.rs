@@ -6,7 +6,7 @@ use std::path::Path;
 use super::super::args::{ClusterArgs, OutputArgs};
 use super::super::defaults;
 use super::super::inject_args::InjectArgs;
-use super::super::values::{Flag, Framework};
+use super::super::values::{FailureAction, Flag, Framework};
 use super::settings::settings;
 use super::{cluster_config, framework_config, parse_duration, progress_watch};
 use crate::Failure;
@@ -65,12 +65,15 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
         .as_deref()
         .map(super::permanent_exit_codes)
         .transpose()?;
-    if permanent_exit_codes.is_some() && !a.failure_policy {
+    // The codes serve the Job's podFailurePolicy and the wrapped exec's restarts in
+    // place alike: a code the Job fails on is not first retried in the pod.
+    if permanent_exit_codes.is_some() && !a.failure_policy && a.on_failure != FailureAction::Restart
+    {
         return Err(Failure::usage(format!(
-            "--{} replaces the codes of the podFailurePolicy that --{} adds; pass --{}",
+            "--{} names the codes that the podFailurePolicy of --{} fails the Job on, and that --{} restart does not retry; pass either",
             flags::PERMANENT_EXIT_CODES,
             flags::FAILURE_POLICY,
-            flags::FAILURE_POLICY
+            flags::ON_FAILURE
         )));
     }
     parse_duration(flags::RESTART_GRACE, &a.restart_grace)?;
@@ -84,6 +87,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
                 a.restart_grace != defaults::RESTART_GRACE,
                 flags::RESTART_GRACE,
             ),
+            (a.on_failure != defaults::ON_FAILURE, flags::ON_FAILURE),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -300,6 +304,13 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
     }
     if a.on_failure != defaults::ON_FAILURE {
         args.push(flags::with_value(flags::ON_FAILURE, a.on_failure.name()));
+    }
+    // As given, like the annotation the policy passes on; exec reads the codes only
+    // with `--on-failure restart`, and refuses them without it.
+    if let Some(codes) = &a.permanent_exit_codes
+        && a.on_failure == FailureAction::Restart
+    {
+        args.push(flags::with_value(flags::PERMANENT_EXIT_CODES, codes));
     }
     args
 }

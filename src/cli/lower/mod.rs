@@ -22,6 +22,7 @@ use tracing_subscriber::EnvFilter;
 use super::args::KubeArgs;
 use crate::Failure;
 use crate::flags;
+use crate::inject::transform::admission::Rule;
 use crate::kube;
 
 pub use cluster::{cluster_config, framework_config, init_config, master_query};
@@ -106,9 +107,11 @@ pub(super) fn namespace(flag: &str, ns: &str) -> Result<(), Failure> {
     }
 }
 
-/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255, sorted and each once, as
-/// Kubernetes wants a rule's `onExitCodes.values` (so at most 255 of them). 0 is
-/// success, which Kubernetes refuses in an `In` rule.
+/// `--permanent-exit-codes 1,2,42`: codes from 1 to 255 in digits, separated by `,`
+/// without spaces: what the admission policy admits in `trainlet.io/permanent-exit-codes`
+/// ([`Rule::Codes`]), since inject writes the value as given into the wrapped exec.
+/// Returned sorted and each once, as Kubernetes wants a rule's `onExitCodes.values`.
+/// 0 is success, which Kubernetes refuses in an `In` rule.
 pub fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
     let bad = |why: String| {
         Failure::usage(format!(
@@ -116,19 +119,14 @@ pub fn permanent_exit_codes(spec: &str) -> Result<Vec<i32>, Failure> {
             flags::PERMANENT_EXIT_CODES
         ))
     };
-    let mut codes = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part.parse::<i32>() {
-            Ok(0) => return Err(bad("0 is success, never a failure".to_string())),
-            Ok(c @ 1..=255) => codes.push(c),
-            _ => {
-                return Err(bad(format!("{part:?} is not an exit code from 1 to 255")));
-            }
-        }
+    if spec.split(',').any(|c| c.trim() == "0") {
+        return Err(bad("0 is success, never a failure".to_string()));
     }
-    if codes.is_empty() {
-        return Err(bad("give one exit code or more, e.g. 2,126,127".to_string()));
-    }
+    Rule::Codes.check(spec).map_err(bad)?;
+    let mut codes: Vec<i32> = spec
+        .split(',')
+        .map(|c| c.parse().expect("Rule::Codes admits digits only"))
+        .collect();
     codes.sort_unstable();
     codes.dedup();
     Ok(codes)

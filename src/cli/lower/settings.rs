@@ -155,6 +155,7 @@ pub(super) fn settings(install_to: &str) -> Settings {
             Some(defaults::ON_FAILURE.name().to_string()),
             Rule::Choice(&["exit", "restart"]),
         ),
+        value(f::PERMANENT_EXIT_CODES, None, Rule::Codes),
     ];
     // The sidecar's: on hostNetwork, where none is given, the policy chooses one as
     // inject does (`inject::transform::hostnet`).

@@ -51,7 +51,7 @@ pub const UID: i64 = 65532;
 /// The flags inject writes into the wrapped container's `trainlet exec` after
 /// `--report`, as `--flag=value`, in this order: how a wrapper an earlier inject wrote
 /// is told from the user's own.
-pub const EXEC_FLAGS: [&str; 8] = [
+pub const EXEC_FLAGS: [&str; 9] = [
     crate::flags::ON_PEER_CHANGE,
     crate::flags::MAX_RESTARTS,
     crate::flags::RESTART_GRACE,
@@ -60,6 +60,7 @@ pub const EXEC_FLAGS: [&str; 8] = [
     crate::flags::STALL_SCOPE,
     crate::flags::PROGRESS_PATTERN,
     crate::flags::ON_FAILURE,
+    crate::flags::PERMANENT_EXIT_CODES,
 ];
 
 /// What to inject, validated.

@@ -22,6 +22,9 @@ use super::cel::cel_string;
 pub const MAX_LEN: usize = 256;
 /// The longest `trainlet.io/job`: room for [`MAX_ITEMS`] types with long selectors.
 pub const MAX_JOB_LEN: usize = 4096;
+/// The longest `trainlet.io/permanent-exit-codes`: every code from 1 to 255 once
+/// (911 characters).
+pub const MAX_CODES_LEN: usize = 1024;
 /// The most `;`-separated entries of `trainlet.io/job` (`--job`), and `,`-separated
 /// ones of `trainlet.io/expect`: job types, of which TensorFlow knows five.
 pub const MAX_ITEMS: usize = 16;
@@ -54,6 +57,9 @@ pub enum Rule {
     Expect,
     /// `MIN:MAX` with 1 ≤ MIN ≤ MAX (`--nnodes`).
     Span,
+    /// Exit codes from 1 to 255, separated by `,` without spaces
+    /// (`--permanent-exit-codes`).
+    Codes,
     /// A regular expression in the subset that RE2 and the regex crate both compile
     /// (`--progress-pattern`): see [`pattern_grammar`].
     Pattern,
@@ -71,6 +77,7 @@ impl Rule {
     pub fn max_len(&self) -> usize {
         match self {
             Rule::Jobs => MAX_JOB_LEN,
+            Rule::Codes => MAX_CODES_LEN,
             _ => MAX_LEN,
         }
     }
@@ -105,6 +112,7 @@ impl Rule {
                 "give TYPE=N with N at least 1, at most {MAX_ITEMS} separated by ',' without spaces"
             ),
             Rule::Span => "give MIN:MAX with 1 <= MIN <= MAX, e.g. 2:4".into(),
+            Rule::Codes => "give exit codes from 1 to 255 in digits, separated by ',' without spaces, e.g. 2,126,127".into(),
             Rule::Addr => "give IPV4:PORT or [::]:PORT with a PORT from 1 to 65535, e.g. 0.0.0.0:9464".into(),
             Rule::Pattern => "give a regular expression of literal text, '.', \\d \\D \\s \\S \\w \\W \\b \\B, \\-escaped punctuation, classes such as [0-9a-z_], groups (…) and (?:…) nested at most twice, |, ^, $ and ? * + {n} {n,}".into(),
         }
@@ -157,6 +165,7 @@ impl Rule {
                     matches!((lo, hi), (Ok(lo), Ok(hi)) if lo >= 1 && lo <= hi)
                 }
             }
+            Rule::Codes => CODES.is_match(value),
             Rule::Pattern => PATTERN.is_match(value),
             Rule::Addr => {
                 ADDR.is_match(value)
@@ -231,6 +240,7 @@ impl Rule {
                 "({} && int({v}.split(':')[0]) >= 1 && int({v}.split(':')[0]) <= int({v}.split(':')[1]))",
                 matches(v, SPAN.as_str())
             ),
+            Rule::Codes => matches(v, CODES.as_str()),
             Rule::Pattern => matches(v, PATTERN.as_str()),
             Rule::Addr => format!(
                 "({} && int({v}.substring({v}.lastIndexOf(':') + 1)) <= 65535)",
@@ -317,6 +327,12 @@ static DURATION: LazyLock<Regex> = LazyLock::new(|| {
     let part = format!("{DIGITS}(?:ms|s|m|h|d)");
     Regex::new(&format!("^{part}(?: ?{part}){{0,{}}}$", DURATION_PARTS - 1)).expect("compiles")
 });
+
+/// One exit code from 1 to 255 in digits, without a sign or a leading zero.
+pub const CODE: &str = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]?)";
+
+static CODES: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(&format!("^{CODE}(?:,{CODE})*$")).expect("compiles"));
 
 /// A job type: what `cluster::validate_task_type` accepts.
 const TYPE: &str = "[A-Za-z][A-Za-z0-9_-]{0,62}";
@@ -500,6 +516,14 @@ mod tests {
         ] {
             assert!(Rule::Expect.check(bad).is_err(), "{bad}");
         }
+        for ok in ["1", "255", "2,126,127", "42,3,42"] {
+            assert_eq!(Rule::Codes.check(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "0", "256", "01", "+1", "1, 2", "1,,2", "1,", "", "1;2", "-1",
+        ] {
+            assert!(Rule::Codes.check(bad).is_err(), "{bad}");
+        }
         assert_eq!(Rule::Span.check("2:4"), Ok(()));
         assert_eq!(Rule::Span.check("3:3"), Ok(()));
         for bad in ["5:2", "0:2", "4", " 2:4", "2:"] {
@@ -636,7 +660,7 @@ mod tests {
             /// Never a panic, whatever the text.
             #[test]
             fn any_text_is_checked_without_panic(v in "\\PC{0,64}") {
-                for rule in [Rule::Jobs, Rule::Expect, Rule::Span, Rule::Pattern, Rule::Addr, STALL] {
+                for rule in [Rule::Jobs, Rule::Expect, Rule::Span, Rule::Codes, Rule::Pattern, Rule::Addr, STALL] {
                     let _ = rule.check(&v);
                 }
             }

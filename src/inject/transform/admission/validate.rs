@@ -7,7 +7,7 @@
 //! The checks are `inject`'s: each setting's [`Rule`], then what `inject` checks across
 //! settings (`--expect` types among the jobs', job types with names of their own,
 //! `trainlet exec`'s settings only with a wrapped container, `--on-stall` only with
-//! `--stall-after`), then the pod's own names that inject refuses to overwrite. Every
+//! `--stall-after`, `--permanent-exit-codes` only with `--on-failure restart`), then the pod's own names that inject refuses to overwrite. Every
 //! check is bounded by the size checks before it, so its cost stays small whatever a
 //! pod carries.
 
@@ -262,6 +262,25 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
             text(format!(
                 "\" acts on a stall, which {PREFIX}{} defines: add it",
                 f::STALL_AFTER
+            ))
+        ),
+    ));
+    let codes = annotation(f::PERMANENT_EXIT_CODES);
+    out.push((
+        format!(
+            "{codes} == '' || {} == 'restart'",
+            annotation(f::ON_FAILURE)
+        ),
+        format!(
+            "{} + {} + {}",
+            text(format!(
+                "the annotation {PREFIX}{} \"",
+                f::PERMANENT_EXIT_CODES
+            )),
+            shown(&codes),
+            text(format!(
+                "\" names the codes that {PREFIX}{} restart does not retry: add it",
+                f::ON_FAILURE
             ))
         ),
     ));
