@@ -625,41 +625,25 @@ fn shapes() -> Vec<Shape> {
         ),
         launcher("plain-python", json!(["python", "-m", "train"]), None),
         Shape {
-            name: "torchrun-but-tensorflow",
             settings: vec![
                 ("job", "worker=app=trainer"),
                 ("wrap", "main"),
                 ("framework", "tensorflow"),
             ],
-            pod: pod(
+            ..launcher(
                 "torchrun-but-tensorflow",
-                labels.clone(),
-                json!({}),
-                spec(
-                    json!([container("main", json!(["torchrun", "train.py"]))]),
-                    json!([]),
-                    json!([]),
-                ),
-            ),
+                json!(["torchrun", "train.py"]),
+                None,
+            )
         },
         Shape {
-            name: "restart-on-failure",
             settings: vec![
                 ("job", "worker=app=trainer"),
                 ("wrap", "main"),
                 ("on-failure", "restart"),
                 ("permanent-exit-codes", "42,3,42"),
             ],
-            pod: pod(
-                "restart-on-failure",
-                labels.clone(),
-                json!({}),
-                spec(
-                    json!([container("main", json!(["torchrun", "train.py"]))]),
-                    json!([]),
-                    json!([]),
-                ),
-            ),
+            ..launcher("restart-on-failure", json!(["torchrun", "train.py"]), None)
         },
     ];
     vec![
