@@ -7,9 +7,9 @@
 //! The checks are `inject`'s: each setting's [`Rule`], then what `inject` checks across
 //! settings (`--expect` types among the jobs', job types with names of their own,
 //! `trainlet exec`'s settings only with a wrapped container, `--on-stall` only with
-//! `--stall-after`, `--permanent-exit-codes` only with `--on-failure restart`), then the pod's own names that inject refuses to overwrite. Every
-//! check is bounded by the size checks before it, so its cost stays small whatever a
-//! pod carries.
+//! `--stall-after`, `--permanent-exit-codes` only with `--on-failure restart`), then the
+//! pod's own names that inject refuses to overwrite. Every check is bounded by the size
+//! checks before it, so its cost stays small whatever a pod carries.
 
 use super::cel::cel_string;
 use super::rule::{MAX_ITEMS, Rule};
