@@ -35,7 +35,7 @@ const TWO_NODE_TIMEOUT: Duration = Duration::from_secs(600);
 /// restarts the kubelet with it and back.
 static KUBELET: RwLock<()> = RwLock::const_new(());
 
-const NODES: [&str; 2] = ["trainlet-cgroup2", "trainlet-node"];
+const NODES: [&str; 2] = [CGROUP2_NODE, "trainlet-node"];
 
 /// One pod of the job on each node, as a user spreads a job: a required pod
 /// anti-affinity on the hostname among the job's pods, and the cgroup v2 node's taint
@@ -74,7 +74,7 @@ fn assert_across(pods: &[Pod]) {
     nodes.sort();
     assert_eq!(nodes, NODES);
     for p in pods {
-        let subnet = if node_of(p) == "trainlet-cgroup2" {
+        let subnet = if node_of(p) == CGROUP2_NODE {
             "10.244.1."
         } else {
             "10.244.0."
@@ -284,11 +284,7 @@ exec sleep 3600";
         .await
         .unwrap();
     let after = live(Some(old.name_any()), |p| {
-        if node_of(p) == "trainlet-cgroup2" {
-            2
-        } else {
-            1
-        }
+        if node_of(p) == CGROUP2_NODE { 2 } else { 1 }
     })
     .await;
     assert_across(&after);
@@ -399,7 +395,7 @@ async fn oom_job(kc: &'static std::path::Path, prefix: &str) -> (On, Pod, Vec<St
     on.inject_and_apply(&plain, &[], |_| {});
     on.job_end_within("oom", TWO_NODE_TIMEOUT).await;
     let p = on.only_pods("oom", 1).await.remove(0);
-    assert_eq!(node_of(&p), "trainlet-cgroup2");
+    assert_eq!(node_of(&p), CGROUP2_NODE);
     let lines = on.cmd_lines(&p.name_any(), "main").await;
     (on, p, lines)
 }

@@ -107,6 +107,9 @@ pub fn cgroup2_node() -> Result<&'static Path, Missing> {
     .map(|()| kc)
 }
 
+/// The cgroup v2 node's name (tests/node/cgroup2/kubelet).
+pub const CGROUP2_NODE: &str = "trainlet-cgroup2";
+
 /// What a pod tolerates to run on the cgroup v2 node.
 pub const CGROUP2_TAINT: &str = "trainlet.test/cgroup2";
 
@@ -411,7 +414,7 @@ pub async fn describe_pods(pods: &Api<Pod>) -> String {
                 out += &format!("    {l}\n");
             }
         }
-        if spec.node_name.as_deref() == Some("trainlet-cgroup2") {
+        if spec.node_name.as_deref() == Some(CGROUP2_NODE) {
             out += &cgroup2_kubelet_lines(&p.name_any());
         }
     }

@@ -329,7 +329,7 @@ static DURATION: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// One exit code from 1 to 255 in digits, without a sign or a leading zero.
-pub const CODE: &str = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]?)";
+const CODE: &str = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]?)";
 
 static CODES: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(&format!("^{CODE}(?:,{CODE})*$")).expect("compiles"));
