@@ -6,9 +6,12 @@ CARGO ?= cargo
 
 # The tests' output goes to target/$(2) too; each test skipped for a missing
 # prerequisite (TRAINLET_TEST_SKIP, docs/development.md) printed one SKIPPED line, and
-# `skipped: N` ends the output. The status is the tests' (pipefail).
+# `skipped: N` ends the output. On a failure, each panic's place and first lines are
+# repeated last, where a log cut to its tail still shows why (a backtrace or a long
+# description of pods can push them out of view). The status is the tests' (pipefail).
 tested = set -o pipefail; mkdir -p target; $(1) 2>&1 | tee target/$(2); rc=$$?; \
-	grep '^SKIPPED ' target/$(2); echo "skipped: $$(grep -c '^SKIPPED ' target/$(2))"; exit $$rc
+	grep '^SKIPPED ' target/$(2); echo "skipped: $$(grep -c '^SKIPPED ' target/$(2))"; \
+	if [ $$rc -ne 0 ]; then echo "why each test failed:"; grep -A3 '^thread .* panicked at' target/$(2) | cut -c1-400; fi; exit $$rc
 
 .PHONY: docs all build release portable monitoring test test-newest test-k8s-previous test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
 
@@ -77,8 +80,16 @@ node-smoke:
 ## checks. Each run ends with the count of skipped tests.
 test: test-newest test-k8s-previous
 
+# Two passes, both run whatever the first's outcome: the unit tests and the played
+# tests (no node), PLAYED_THREADS at a time, since they mostly wait on the API server
+# and on timers; then the real node's tests, at libtest's default (one per core), since
+# their pods' frameworks start on the same cores.
+PLAYED_THREADS ?= 4
+
 test-newest: deps control-plane image
-	@$(call tested,$(CARGO) test --no-fail-fast,test.log)
+	@( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \
+	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_,test-node.log) ); node=$$?; \
+	exit $$(( played | node ))
 
 # What changed between the two versions: native sidecars (on by default since 1.29),
 # the guard policy (ValidatingAdmissionPolicy), WatchList (sendInitialEvents) and the

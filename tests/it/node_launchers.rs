@@ -20,6 +20,9 @@
 //!    joins, the peers' commands restart once more, and the job completes, every rank
 //!    in the last all-reduce.
 //!
+//! Each run resumes from the job's checkpoint, as real jobs do: the step its rank 0
+//! last finished, in a directory every pod mounts.
+//!
 //! With `--on-failure restart`, the torchrun job also lives through the failures of one
 //! rank (a SIGKILLed worker, an exception, an OOM kill), each restarted in place.
 //!
@@ -39,19 +42,22 @@ use crate::support::jobs::{index_of, job_pods};
 use crate::support::*;
 
 /// The recipe's `--stall-after`: above the longest silent phase of these jobs on a
-/// loaded 2-core machine (importing the framework and joining the rendezvous: 5–10 s,
-/// and over 20 s with another job's start beside it on a shared machine).
-const STALL_AFTER: u64 = 30;
+/// loaded 2-core machine, their start (importing the framework and joining the
+/// rendezvous): 5–10 s alone, and over 30 s for the four pods of the ParameterServer
+/// job starting beside another job (a run here saw it stalled before its first step).
+const STALL_AFTER: u64 = 45;
 /// Seconds between steps (each step's all-reduce is quick).
 const STEP_TIME: f64 = 0.5;
 /// The step at which pod 1 is frozen: three times `--stall-after` of training.
 const FREEZE_AT: u32 = (3 * STALL_AFTER) as u32 * 2;
-/// Steps per run: a few past [`FREEZE_AT`], so the first run is still training then.
-const STEPS: u32 = FREEZE_AT + 10;
+/// The job's steps. A run resumes from the job's checkpoint ([`with_checkpoint`]), as
+/// real jobs do: the first run is still training at [`FREEZE_AT`], the second has about
+/// 30 s left (pod 1 is deleted while it trains), and the third finishes what is left.
+const STEPS: u32 = FREEZE_AT + 60;
 /// How often exec reads the heartbeat file: its `--interval`, by default.
 const HEARTBEAT_READ: f64 = 5.0;
-/// From `kubectl apply` to the end of a job: three runs of it, two restart backoffs
-/// (10 s, 20 s), a stall and a replacement.
+/// From `kubectl apply` to the end of a job: three runs of it, a stall and a
+/// replacement.
 const CORPUS_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One row of the corpus.
@@ -95,7 +101,7 @@ const MPI_RANK: &str = r#"tr '\0' '\n' <"$p/cmdline" | head -n 1 | grep -qx /scr
 /// docs/stall-watch.md's recipe with docs/failure-handling.md's group restart on a
 /// replaced peer; a restart's grace of 5 s (a frozen process ends only by SIGKILL).
 const RECIPE: [&str; 5] = [
-    "--stall-after=30s",
+    "--stall-after=45s",
     "--on-stall=restart",
     "--on-peer-change=restart",
     "--max-restarts=3",
@@ -176,7 +182,10 @@ fn training_container(py: &std::path::Path, command: &[&str], steps: u32) -> Val
             {"name": "STEPS", "value": steps.to_string()},
             {"name": "STEP_TIME", "value": STEP_TIME.to_string()},
             {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
-            {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}
+            {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
+            // exec's --restart-backoff, as a user may set it: the default's 10 s and
+            // 20 s are only waiting here.
+            {"name": "TRAINLET_RESTART_BACKOFF", "value": "1s"}
         ],
         "resources": {
             "requests": {"cpu": "10m", "memory": "256Mi"},
@@ -202,6 +211,31 @@ fn corpus_job(py: &std::path::Path, job: &str, n: usize, command: &[&str], steps
         .push(json!({"name": "scripts", "configMap": {"name": "scripts", "defaultMode": 0o755}}));
     pod_spec(&mut plain)["volumes"] = volumes;
     plain
+}
+
+/// Where the job's pods resume from (tests/fixtures/launchers/checkpoint.py and
+/// mpi_train.c): a directory of this machine, the node's, that every pod mounts at
+/// `/ckpt` by hostPath, as pods of a real job mount shared storage, writable by the
+/// training container's user. Removed when the returned guard is dropped.
+fn with_checkpoint(plain: &mut Value) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let spec = pod_spec(plain);
+    spec["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "ckpt", "hostPath": {"path": dir.path(), "type": "Directory"}}));
+    let main = &mut spec["containers"][0];
+    main["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "ckpt", "mountPath": "/ckpt"}));
+    main["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "CKPT_DIR", "value": "/ckpt"}));
+    dir
 }
 
 /// What the MPI job's pods need beyond the others' (tests/fixtures/launchers/
@@ -342,6 +376,7 @@ async fn synchronous(l: &Launcher) {
     let py = require!(framework_python());
     let on = require!(corpus_namespace(l.job).await);
     let mut plain = corpus_job(py, l.job, 2, l.command, STEPS);
+    let _checkpoint = with_checkpoint(&mut plain);
     if l.ssh {
         with_ssh(&on, &mut plain).await;
         // The workers' sshd serves forever: the job is done when mpirun is (pod 0).
@@ -407,7 +442,7 @@ async fn synchronous(l: &Launcher) {
                 .0
                 .clone();
             out.iter()
-                .any(|(t, line)| *t > second && line.starts_with("step 2 "))
+                .any(|(t, line)| *t > second && line.starts_with("step "))
                 .then_some(())
         },
     )
@@ -784,8 +819,6 @@ const FAULT_AT: u32 = 10;
 ///
 /// Each time every pod's command restarts in place, once; no container restarts, no
 /// pod is replaced, and the job completes, every rank in the last all-reduce.
-/// `TRAINLET_RESTART_BACKOFF` in the training container's environment sets exec's
-/// `--restart-backoff`, as a user may.
 #[tokio::test]
 async fn torchrun_restarts_in_place_for_a_killed_worker_an_exception_and_an_oom_kill() {
     let py = require!(framework_python());
@@ -799,7 +832,6 @@ async fn torchrun_restarts_in_place_for_a_killed_worker_an_exception_and_an_oom_
         env.push(
             json!({"name": "FAULT", "value": format!("2:3:raise@{FAULT_AT},3:2:oom@{FAULT_AT}")}),
         );
-        env.push(json!({"name": "TRAINLET_RESTART_BACKOFF", "value": "1s"}));
         // Room for torchrun and its two workers, not for the third fault's allocation.
         main["resources"]["limits"]["memory"] = json!("1536Mi");
     }
