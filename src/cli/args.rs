@@ -423,9 +423,9 @@ pub struct ExecArgs {
     pub on_failure: FailureAction,
 
     /// With --on-failure restart: CMD's exit codes that no restart retries,
-    /// comma-separated without spaces, each from 1 to 255 in digits (default 1, 2, 126, 127, 128, 139, the
-    /// codes inject --failure-policy fails the Job on). A launcher's exit 1 is judged
-    /// by its root cause instead.
+    /// comma-separated without spaces, each from 1 to 255 in digits (default 1, 2,
+    /// 126, 127, 128, 139, the codes inject --failure-policy fails the Job on). A
+    /// launcher's exit 1 is judged by its root cause instead.
     #[arg(long = flags::PERMANENT_EXIT_CODES, env = "TRAINLET_PERMANENT_EXIT_CODES", value_name = "CODES")]
     pub permanent_exit_codes: Option<String>,
 
