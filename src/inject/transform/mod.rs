@@ -8,6 +8,7 @@ pub use hostnet::Metrics;
 pub use parts::METRICS_PORT_NAME;
 
 pub mod admission;
+mod collisions;
 pub mod hostnet;
 pub mod launcher;
 mod own;
@@ -16,6 +17,7 @@ mod policy;
 mod selectors;
 mod service;
 mod template;
+mod wrap;
 mod wrapper;
 
 /// The names of what inject adds to a pod template. A second inject replaces what it

@@ -2,16 +2,13 @@
 //! the training container's mounts, env and (with --wrap) command.
 
 use super::hostnet::is_host_network;
-use super::own::{
-    Earlier, alias_env, dropped_flags, is_injected_container, is_injected_volume, normal_path,
-    same_env,
-};
+use super::own::{Earlier, normal_path};
 use super::parts::name_of;
 use super::parts::{
-    downward_env, exec_env, init_container, mount, mount_of, observed_volume, plain,
-    scrape_annotations, shm_volume, sidecar, token_volume, volume,
+    init_container, mount, mount_of, observed_volume, plain, scrape_annotations, shm_volume,
+    sidecar, token_volume, volume,
 };
-use super::wrapper::{Wrapper, is_exec_env, own_wrapper, unwrap_earlier, users_flags};
+use super::wrapper::unwrap_earlier;
 use super::{
     Ctx, DEFAULT_TOKEN_PREFIX, INIT_CONTAINER, InjectConfig, Node, OBSERVED_VOLUME, SHM_PATH,
     SHM_VOLUME, SIDECAR, TOKEN_VOLUME, TransformError, VOLUME, yaml,
@@ -19,89 +16,9 @@ use super::{
 use crate::flags;
 
 impl Ctx<'_> {
-    /// Refuses a pod template whose containers or volumes already use one of the
-    /// names inject adds, unless inject added them (by their shape, never by the name
-    /// alone): replacing the user's own would lose it without a word. Refuses a
-    /// container that mounts something of its own where inject mounts trainlet's
-    /// volumes: the API server rejects two mounts at one path.
-    pub(super) fn refuse_collisions(&self, spec: &Node, what: &str) -> Result<(), TransformError> {
-        for list in ["initContainers", "containers"] {
-            let Some(Node::Seq(items)) = spec.get(list) else {
-                continue;
-            };
-            for c in items {
-                let name = name_of(c).unwrap_or_default();
-                if [INIT_CONTAINER, SIDECAR].contains(&name) && !is_injected_container(c) {
-                    return Err(self.shape(
-                        what,
-                        format!(
-                            "{list} has a container {name:?} that trainlet inject did not add; inject adds its own under that name: rename yours"
-                        ),
-                    ));
-                }
-            }
-        }
-        if let Some(Node::Seq(volumes)) = spec.get("volumes") {
-            for v in volumes {
-                let name = name_of(v).unwrap_or_default();
-                if [VOLUME, OBSERVED_VOLUME, TOKEN_VOLUME, SHM_VOLUME].contains(&name)
-                    && !is_injected_volume(name, v)
-                {
-                    return Err(self.shape(
-                        what,
-                        format!(
-                            "has a volume {name:?} that trainlet inject did not add; inject adds its own under that name: rename yours (and the volumeMounts that use it)"
-                        ),
-                    ));
-                }
-            }
-        }
-        let Some(Node::Seq(containers)) = spec.get("containers") else {
-            return Ok(());
-        };
-        for c in containers.iter().filter(|c| !is_injected_container(c)) {
-            let name = name_of(c).unwrap_or_default();
-            let Some(Node::Seq(mounts)) = c.get("volumeMounts") else {
-                continue;
-            };
-            for m in mounts {
-                let volume = name_of(m).unwrap_or_default();
-                if [VOLUME, OBSERVED_VOLUME].contains(&volume) {
-                    continue;
-                }
-                let Some(path) = m.get("mountPath").and_then(Node::as_str) else {
-                    continue;
-                };
-                let path = normal_path(path);
-                let fix = if path == self.cfg.output_dir {
-                    format!(
-                        "where inject mounts trainlet's files (--{}): give inject another --{}, e.g. /run/trainlet, or mount yours elsewhere",
-                        flags::OUTPUT_DIR,
-                        flags::OUTPUT_DIR
-                    )
-                } else if self.cfg.wrap.as_deref() == Some(name)
-                    && path == self.cfg.observations_dir
-                {
-                    format!(
-                        "where inject mounts the wrapped command's handover to the sidecar (--{}): mount yours elsewhere",
-                        flags::WRAP
-                    )
-                } else {
-                    continue;
-                };
-                return Err(self.shape(
-                    what,
-                    format!("container {name:?} mounts volume {volume:?} at {path}, {fix}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Adds trainlet to a pod template (or a Pod): metadata annotations, the volume, the
     /// init container, the sidecar, the mounts, and --wrap.
     pub(super) fn pod_template(&mut self, t: &mut Node, what: &str) -> Result<(), TransformError> {
-        let cfg = self.cfg;
         let own = &self.template_config(t, what)?;
         let annotations = t
             .map_entry("metadata")
@@ -118,7 +35,6 @@ impl Ctx<'_> {
             self.dns_policy(spec, what);
         }
         let earlier = Earlier::of(spec);
-        let mut dropped: Vec<String> = Vec::new();
         // New keys go before `containers`, where people expect them to be.
         insert_before(
             spec,
@@ -127,8 +43,20 @@ impl Ctx<'_> {
             Node::Scalar(plain("")),
         );
         insert_before(spec, "initContainers", "containers", Node::Seq(Vec::new()));
-        // The user's own ServiceAccount (workload identity, a cloud bucket's access) is
-        // kept, and with it its token in the pod's containers, which their code needs.
+        let users_sa = self.service_account(spec, what);
+        self.volumes(spec, what, users_sa)?;
+        let mut dropped = self.containers(spec, what, own, users_sa)?;
+        self.init_containers(spec, what, own, users_sa)?;
+        dropped.extend(earlier.dropped(own));
+        self.note_dropped(what, dropped);
+        Ok(())
+    }
+
+    /// The pod's ServiceAccount: trainlet's, unless the user's own is named (workload
+    /// identity, a cloud bucket's access), which is kept with its token in the pod's
+    /// containers, since their code needs it. Whether the user's is kept.
+    fn service_account(&mut self, spec: &mut Node, what: &str) -> bool {
+        let cfg = self.cfg;
         let users_sa = match spec
             .get("serviceAccountName")
             .and_then(Node::as_str)
@@ -166,7 +94,18 @@ impl Ctx<'_> {
             );
             spec.set("automountServiceAccountToken", Node::Scalar(plain("false")));
         }
+        users_sa
+    }
 
+    /// trainlet's volumes in, an earlier inject's that this one does not use out, and
+    /// the default token's out unless the user's ServiceAccount is kept.
+    fn volumes(
+        &mut self,
+        spec: &mut Node,
+        what: &str,
+        users_sa: bool,
+    ) -> Result<(), TransformError> {
+        let cfg = self.cfg;
         let volumes = spec
             .seq_entry("volumes")
             .ok_or_else(|| self.shape(what, "spec.volumes is not a list"))?;
@@ -196,9 +135,21 @@ impl Ctx<'_> {
             Some(size) => upsert_named(volumes, shm_volume(size), SHM_VOLUME, None),
             None => volumes.retain(|v| name_of(v) != Some(SHM_VOLUME)),
         }
+        Ok(())
+    }
 
-        // Regular containers: drop a classic sidecar from an earlier inject, mount the
-        // volume read-only into the others, and wrap the one named by --wrap.
+    /// Regular containers: drop a classic sidecar from an earlier inject, mount the
+    /// volume read-only into the others, and wrap the one named by --wrap. The flags of
+    /// an earlier inject's wrapper that this one drops.
+    fn containers(
+        &mut self,
+        spec: &mut Node,
+        what: &str,
+        own: &InjectConfig,
+        users_sa: bool,
+    ) -> Result<Vec<String>, TransformError> {
+        let cfg = self.cfg;
+        let mut dropped: Vec<String> = Vec::new();
         let containers = spec
             .seq_entry("containers")
             .ok_or_else(|| self.shape(what, "spec.containers is not a list"))?;
@@ -236,23 +187,44 @@ impl Ctx<'_> {
         if cfg.classic_sidecar {
             containers.push(sidecar(own));
         }
-        // `--shm-size` where every container has its own /dev/shm: the volume would be
-        // mounted nowhere.
-        let shm_used = containers.iter().any(|c| {
-            c.get("volumeMounts")
-                .and_then(Node::as_seq)
-                .is_some_and(|m| m.iter().any(|m| name_of(m) == Some(SHM_VOLUME)))
-        });
-        if cfg.shm_size.is_some() && !shm_used {
-            if let Some(Node::Seq(volumes)) = spec.get_mut("volumes") {
-                volumes.retain(|v| name_of(v) != Some(SHM_VOLUME));
-            }
-            self.note(
-                what.to_string(),
-                format!("adds no {SHM_VOLUME} volume: every container mounts its own {SHM_PATH}"),
-            );
-        }
+        self.shm_unused(spec, what);
+        Ok(dropped)
+    }
 
+    /// `--shm-size` where every container has its own /dev/shm: the volume would be
+    /// mounted nowhere, so it goes, with a note.
+    fn shm_unused(&mut self, spec: &mut Node, what: &str) {
+        let used = spec
+            .get("containers")
+            .and_then(Node::as_seq)
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.get("volumeMounts")
+                    .and_then(Node::as_seq)
+                    .is_some_and(|m| m.iter().any(|m| name_of(m) == Some(SHM_VOLUME)))
+            });
+        if self.cfg.shm_size.is_none() || used {
+            return;
+        }
+        if let Some(Node::Seq(volumes)) = spec.get_mut("volumes") {
+            volumes.retain(|v| name_of(v) != Some(SHM_VOLUME));
+        }
+        self.note(
+            what.to_string(),
+            format!("adds no {SHM_VOLUME} volume: every container mounts its own {SHM_PATH}"),
+        );
+    }
+
+    /// trainlet-init and the sidecar first, then the user's init containers (without
+    /// the default token's mount unless the user's ServiceAccount is kept).
+    fn init_containers(
+        &mut self,
+        spec: &mut Node,
+        what: &str,
+        own: &InjectConfig,
+        users_sa: bool,
+    ) -> Result<(), TransformError> {
         let inits = spec
             .seq_entry("initContainers")
             .ok_or_else(|| self.shape(what, "spec.initContainers is not a list"))?;
@@ -263,27 +235,31 @@ impl Ctx<'_> {
             }
         }
         inits.insert(0, init_container(own));
-        if !cfg.classic_sidecar {
+        if !self.cfg.classic_sidecar {
             inits.insert(1, sidecar(own));
         }
-        dropped.extend(earlier.dropped(own));
+        Ok(())
+    }
+
+    /// A note naming the flags of an earlier inject that this one drops, each once.
+    fn note_dropped(&mut self, what: &str, mut dropped: Vec<String>) {
         let mut seen = Vec::new();
         dropped.retain(|d| {
             let new = !seen.contains(d);
             seen.push(d.clone());
             new
         });
-        if !dropped.is_empty() {
-            let it = if dropped.len() == 1 { "it" } else { "them" };
-            self.note(
-                what.to_string(),
-                format!(
-                    "drops {} of an earlier inject: not in this one's flags, so the default applies; pass {it} again to keep {it}",
-                    dropped.join(" ")
-                ),
-            );
+        if dropped.is_empty() {
+            return;
         }
-        Ok(())
+        let it = if dropped.len() == 1 { "it" } else { "them" };
+        self.note(
+            what.to_string(),
+            format!(
+                "drops {} of an earlier inject: not in this one's flags, so the default applies; pass {it} again to keep {it}",
+                dropped.join(" ")
+            ),
+        );
     }
 
     /// This inject's config for one pod template: with the frameworks the wrapped
@@ -371,119 +347,6 @@ impl Ctx<'_> {
             SHM_VOLUME,
             None,
         );
-    }
-
-    /// `command: [trainlet exec --report -- <command>]`, `args` unchanged, so the
-    /// container runs exactly what it ran before, under trainlet. A command an earlier
-    /// inject wrapped is unwrapped first (its exec flags give way to this inject's, and
-    /// those it drops land in `dropped`); the user's own `trainlet exec` is kept with
-    /// its flags.
-    pub(super) fn wrap(
-        &mut self,
-        c: &mut Node,
-        what: &str,
-        name: &str,
-        dropped: &mut Vec<String>,
-    ) -> Result<(), TransformError> {
-        let cfg = self.cfg;
-        let command: Vec<String> = match c.get("command") {
-            None => Vec::new(),
-            Some(n) if n.is_null() => Vec::new(),
-            Some(Node::Seq(items)) => items
-                .iter()
-                .map(|i| i.as_str().map(str::to_string))
-                .collect::<Option<_>>()
-                .ok_or_else(|| {
-                    self.shape(
-                        what,
-                        format!("command of container {name:?} is not a list of strings"),
-                    )
-                })?,
-            Some(_) => {
-                return Err(
-                    self.shape(what, format!("command of container {name:?} is not a list"))
-                );
-            }
-        };
-        if command.is_empty() {
-            return Err(TransformError::ImplicitEntrypoint {
-                doc: self.doc,
-                what: what.to_string(),
-                container: name.to_string(),
-            });
-        }
-        let wrapped = match Wrapper::of(&command) {
-            Wrapper::Own { flags, original } => {
-                dropped.extend(dropped_flags(flags, &cfg.exec_args));
-                own_wrapper(cfg, original)
-            }
-            Wrapper::Users {
-                exe,
-                flags,
-                original,
-            } => {
-                let (kept, added, ignored) = users_flags(flags, &cfg.exec_args);
-                let mut text = format!(
-                    "keeps container {name:?}'s own `trainlet exec` and its flags{}",
-                    if added.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", adding {}", added.join(" "))
-                    }
-                );
-                if !ignored.is_empty() {
-                    text.push_str(&format!(
-                        "; its own {} stay{} over this inject's",
-                        ignored.join(" "),
-                        if ignored.len() == 1 { "s" } else { "" }
-                    ));
-                }
-                self.note(what.to_string(), text);
-                [exe.to_string(), flags::EXEC.to_string()]
-                    .into_iter()
-                    .chain(kept)
-                    .chain(["--".to_string()])
-                    .chain(original.iter().cloned())
-                    .collect()
-            }
-            Wrapper::None => own_wrapper(cfg, &command),
-        };
-        c.set(
-            "command",
-            Node::Seq(wrapped.iter().map(Node::str).collect()),
-        );
-        let env = c
-            .seq_entry("env")
-            .ok_or_else(|| self.shape(what, format!("env of container {name:?} is not a list")))?;
-        // Settings of `trainlet exec` that inject owns: removed and added again, so
-        // their order and values never depend on an earlier inject.
-        env.retain(|e| !is_exec_env(e));
-        let (mut kept, mut aliases) = (Vec::new(), Vec::new());
-        for e in downward_env() {
-            let env_name = name_of(&e).unwrap_or_default().to_string();
-            match env.iter_mut().find(|u| name_of(u) == Some(&env_name)) {
-                None => env.push(e),
-                Some(u) if same_env(u, &e) => *u = e,
-                // The user's own: kept, and trainlet exec reads the pod's from its
-                // TRAINLET_ variable, which wins over the plain one.
-                Some(_) => match alias_env(&env_name) {
-                    Some((alias, node)) => {
-                        kept.push(format!("{env_name} (its trainlet exec reads {alias})"));
-                        aliases.push(node);
-                    }
-                    None => kept.push(env_name),
-                },
-            }
-        }
-        env.extend(aliases);
-        if !kept.is_empty() {
-            self.note(
-                what.to_string(),
-                format!("keeps container {name:?}'s own {}", kept.join(", ")),
-            );
-        }
-        env.extend(exec_env(cfg));
-        Ok(())
     }
 }
 
