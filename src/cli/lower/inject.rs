@@ -22,6 +22,67 @@ use crate::inject::{Infer, InjectConfig, Resources};
 /// selector fails here and not in every pod of the job; flags left at their defaults
 /// are not written.
 pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
+    check_template_flags(a)?;
+    let permanent_exit_codes = check_exec_flags(a)?;
+    let resources = resources(&a.resources)?;
+    if let Some(size) = &a.shm_size {
+        check_shm_size(size)?;
+    }
+    let (output_dir, install_to) = paths(&a.output)?;
+    let c = &a.cluster;
+
+    let (init_args, framework_at) = init_flags(c, &a.output, &output_dir, &install_to);
+    let exec_args = exec_flags(a);
+    let metrics = metrics(a.metrics_addr.as_deref());
+    let written: Vec<String> = init_args
+        .iter()
+        .chain(&exec_args)
+        .cloned()
+        .chain(
+            a.metrics_addr
+                .iter()
+                .map(|v| flags::with_value(flags::METRICS_ADDR, v)),
+        )
+        .collect();
+    settings(&install_to)
+        .check_args(&written)
+        .map_err(|r| Failure::usage(format!("invalid --{} {:?}: {}", r.flag, r.value, r.why)))?;
+    Ok(InjectConfig {
+        image: a.image.trim().to_string(),
+        init_args,
+        sidecar_args: sidecar_port(
+            c.port,
+            a.output
+                .chosen_frameworks()
+                .iter()
+                .all(|f| *f == Framework::Tensorflow),
+        ),
+        // Without --framework, the wrapped command's launcher chooses, as if it were
+        // given: what it infers is never TensorFlow's alone.
+        infer: (a.output.frameworks.is_empty() && a.wrap.is_some()).then(|| Infer {
+            at: framework_at,
+            sidecar_args: sidecar_port(c.port, false),
+        }),
+        wrap_env: wrap_env(&output_dir),
+        metrics,
+        host_network: false,
+        output_dir,
+        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
+        install_to,
+        classic_sidecar: a.classic_sidecar,
+        failure_policy: a.failure_policy,
+        permanent_exit_codes,
+        wrap: a.wrap.clone(),
+        service_account: a.service_account.clone(),
+        exec_args,
+        resources,
+        shm_size: a.shm_size.clone(),
+    })
+}
+
+/// The flags of what inject adds to every pod template alike: the cluster's, the
+/// frameworks', the image, and the container to wrap.
+fn check_template_flags(a: &InjectArgs) -> Result<(), Failure> {
     cluster_config(&a.cluster)?;
     framework_config(&a.cluster, &a.output)?;
     let c = &a.cluster;
@@ -41,6 +102,12 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
     {
         return Err(Failure::usage("invalid --wrap \"\": give a container name"));
     }
+    Ok(())
+}
+
+/// The wrapped exec's flags: each valid, and given only with `--wrap`, whose command
+/// they act on. The permanent exit codes, parsed.
+fn check_exec_flags(a: &InjectArgs) -> Result<Option<Vec<i32>>, Failure> {
     progress_watch(&a.stall)?;
     if a.wrap.is_none()
         && let Some(flag) = [
@@ -96,30 +163,37 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             "--{flag} acts on the command of the container that --wrap names; pass --wrap CONTAINER"
         )));
     }
-    let resources = resources(&a.resources)?;
-    if let Some(size) = &a.shm_size {
-        if let Some(n) = millibytes(size) {
-            return Err(Failure::usage(format!(
-                "invalid --shm-size {size:?}: {size} is {n} millibytes; write {n}Mi"
-            )));
-        }
-        if !is_quantity(size) {
-            return Err(Failure::usage(format!(
-                "invalid --shm-size {size:?}: give a size such as 8Gi or 512Mi"
-            )));
-        }
+    Ok(permanent_exit_codes)
+}
+
+/// `--shm-size`: a quantity of bytes, not of millibytes (`512m` is half a byte).
+fn check_shm_size(size: &str) -> Result<(), Failure> {
+    if let Some(n) = millibytes(size) {
+        return Err(Failure::usage(format!(
+            "invalid --shm-size {size:?}: {size} is {n} millibytes; write {n}Mi"
+        )));
     }
-    let output_dir = path_str(flags::OUTPUT_DIR, &a.output.output_dir)?;
-    if !a.output.output_dir.is_absolute() || output_dir == "/" {
+    if !is_quantity(size) {
+        return Err(Failure::usage(format!(
+            "invalid --shm-size {size:?}: give a size such as 8Gi or 512Mi"
+        )));
+    }
+    Ok(())
+}
+
+/// `--output-dir` (the shared volume's mount path) and `--install-to` inside it.
+fn paths(o: &OutputArgs) -> Result<(String, String), Failure> {
+    let output_dir = path_str(flags::OUTPUT_DIR, &o.output_dir)?;
+    if !o.output_dir.is_absolute() || output_dir == "/" {
         return Err(Failure::usage(format!(
             "invalid --output-dir {output_dir}: the mount path of the shared volume must be an absolute path below /"
         )));
     }
-    let install_to = match &a.output.install_to {
+    let install_to = match &o.install_to {
         None => format!("{output_dir}/bin"),
         Some(p) => {
             let s = path_str(flags::INSTALL_TO, p)?;
-            if !p.starts_with(&a.output.output_dir) || p == &a.output.output_dir {
+            if !p.starts_with(&o.output_dir) || p == &o.output_dir {
                 return Err(Failure::usage(format!(
                     "invalid --install-to {s}: it must be a directory inside --output-dir {output_dir}, the only volume inject adds"
                 )));
@@ -127,54 +201,7 @@ pub fn inject_config(a: &InjectArgs) -> Result<InjectConfig, Failure> {
             s
         }
     };
-
-    let (init_args, framework_at) = init_flags(c, &a.output, &output_dir, &install_to);
-    let exec_args = exec_flags(a);
-    let metrics = metrics(a.metrics_addr.as_deref());
-    let written: Vec<String> = init_args
-        .iter()
-        .chain(&exec_args)
-        .cloned()
-        .chain(
-            a.metrics_addr
-                .iter()
-                .map(|v| flags::with_value(flags::METRICS_ADDR, v)),
-        )
-        .collect();
-    settings(&install_to)
-        .check_args(&written)
-        .map_err(|r| Failure::usage(format!("invalid --{} {:?}: {}", r.flag, r.value, r.why)))?;
-    Ok(InjectConfig {
-        image: a.image.trim().to_string(),
-        init_args,
-        sidecar_args: sidecar_port(
-            c.port,
-            a.output
-                .chosen_frameworks()
-                .iter()
-                .all(|f| *f == Framework::Tensorflow),
-        ),
-        // Without --framework, the wrapped command's launcher chooses, as if it were
-        // given: what it infers is never TensorFlow's alone.
-        infer: (a.output.frameworks.is_empty() && a.wrap.is_some()).then(|| Infer {
-            at: framework_at,
-            sidecar_args: sidecar_port(c.port, false),
-        }),
-        wrap_env: wrap_env(&output_dir),
-        metrics,
-        host_network: false,
-        output_dir,
-        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
-        install_to,
-        classic_sidecar: a.classic_sidecar,
-        failure_policy: a.failure_policy,
-        permanent_exit_codes,
-        wrap: a.wrap.clone(),
-        service_account: a.service_account.clone(),
-        exec_args,
-        resources,
-        shm_size: a.shm_size.clone(),
-    })
+    Ok((output_dir, install_to))
 }
 
 /// The sidecar's metrics endpoint: `--metrics-addr` (checked by its rule before), written
@@ -364,6 +391,33 @@ fn init_flags(
     install_to: &str,
 ) -> (Vec<String>, usize) {
     use crate::flags::{self as f, with_value};
+    let mut init = cluster_flags(c);
+    if output_dir != defaults::OUTPUT_DIR {
+        init.push(with_value(f::OUTPUT_DIR, output_dir));
+    }
+    init.push(with_value(f::INSTALL_TO, install_to));
+    if o.timeout != defaults::TIMEOUT {
+        init.push(with_value(f::TIMEOUT, &o.timeout));
+    }
+    if o.coordinate != defaults::COORDINATE {
+        init.push(with_value(f::COORDINATE, o.coordinate.name()));
+    }
+    if o.coordinate_from != defaults::COORDINATE_FROM {
+        init.push(with_value(f::COORDINATE_FROM, o.coordinate_from));
+    }
+    if o.preflight {
+        init.push(f::long(f::PREFLIGHT));
+    }
+    // The variables of the frameworks chosen land in trainlet.env, which the wrapped
+    // container's `trainlet exec` (or a shell that sources it) starts with.
+    let framework_at = init.len();
+    init.extend(framework_flags(o));
+    (init, framework_at)
+}
+
+/// The init flags that find the cluster and its addresses, where not the defaults.
+fn cluster_flags(c: &ClusterArgs) -> Vec<String> {
+    use crate::flags::{self as f, with_value};
     let mut init = Vec::new();
     for j in &c.jobs {
         init.push(with_value(f::JOB, j));
@@ -404,25 +458,13 @@ fn init_flags(
     if let Some(e) = &c.environment {
         init.push(with_value(f::ENVIRONMENT, e));
     }
-    if output_dir != defaults::OUTPUT_DIR {
-        init.push(with_value(f::OUTPUT_DIR, output_dir));
-    }
-    init.push(with_value(f::INSTALL_TO, install_to));
-    if o.timeout != defaults::TIMEOUT {
-        init.push(with_value(f::TIMEOUT, &o.timeout));
-    }
-    if o.coordinate != defaults::COORDINATE {
-        init.push(with_value(f::COORDINATE, o.coordinate.name()));
-    }
-    if o.coordinate_from != defaults::COORDINATE_FROM {
-        init.push(with_value(f::COORDINATE_FROM, o.coordinate_from));
-    }
-    if o.preflight {
-        init.push(f::long(f::PREFLIGHT));
-    }
-    // The variables of the frameworks chosen land in trainlet.env, which the wrapped
-    // container's `trainlet exec` (or a shell that sources it) starts with.
-    let framework_at = init.len();
+    init
+}
+
+/// The init flags of the frameworks' files, where not the defaults.
+fn framework_flags(o: &OutputArgs) -> Vec<String> {
+    use crate::flags::{self as f, with_value};
+    let mut init = Vec::new();
     let frameworks = o.chosen_frameworks();
     if frameworks != [Framework::Tensorflow] {
         let mut names: Vec<String> = Vec::new();
@@ -449,7 +491,7 @@ fn init_flags(
     if let Some(n) = &o.nnodes {
         init.push(with_value(f::NNODES, n));
     }
-    (init, framework_at)
+    init
 }
 
 fn path_str(flag: &str, p: &Path) -> Result<String, Failure> {

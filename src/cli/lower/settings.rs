@@ -6,31 +6,70 @@ use super::super::defaults;
 use super::super::values::{Flag, Framework};
 use super::MAX_DURATION;
 use super::report::MIN_STALL_AFTER;
+use crate::flags as f;
 use crate::inject::transform::admission::{Rule, Setting, Settings};
+use std::time::Duration;
 
 /// The settings the policy reads from a pod's annotations, with what a valid value of
 /// each is: the flags `inject` writes into `trainlet init`, `trainlet exec` and the
 /// sidecar, in its order ([`init_flags`], [`exec_flags`]), each with its default, which is not
 /// written. `inject` checks what it writes by the same rules.
 pub(super) fn settings(install_to: &str) -> Settings {
-    use crate::flags as f;
-    use std::time::Duration;
-    const BILLION: u64 = 999_999_999;
-    let port = || Rule::Count {
+    Settings {
+        init: init_settings(install_to),
+        exec: exec_settings(),
+        // The sidecar's: on hostNetwork, where none is given, the policy chooses one as
+        // inject does (`inject::transform::hostnet`).
+        sidecar: vec![value(
+            f::METRICS_ADDR,
+            Some(defaults::metrics_addr()),
+            Rule::Addr,
+        )],
+        required: vec![f::JOB],
+        default_port: defaults::PORT,
+    }
+}
+
+/// The highest count a setting takes (more is a typo, not a job).
+const BILLION: u64 = 999_999_999;
+
+/// A TCP port.
+fn port() -> Rule {
+    Rule::Count {
         words: &[],
         min: 1,
         max: u16::MAX.into(),
-    };
-    let duration = |min: Duration| Rule::Duration {
+    }
+}
+
+/// A duration of at least `min`.
+fn duration(min: Duration) -> Rule {
+    Rule::Duration {
         min,
         max: MAX_DURATION,
-    };
-    let value = |flag, default: Option<String>, rule| Setting::Value {
+    }
+}
+
+/// A flag's value, with its default (not written) and its rule.
+fn value(flag: &'static str, default: Option<String>, rule: Rule) -> Setting {
+    Setting::Value {
         flag,
         default,
         rule,
-    };
-    let init = vec![
+    }
+}
+
+/// `trainlet init`'s settings, in inject's order: the cluster's, then the
+/// frameworks'.
+fn init_settings(install_to: &str) -> Vec<Setting> {
+    let mut init = cluster_settings(install_to);
+    init.extend(framework_settings());
+    init
+}
+
+/// How `trainlet init` finds and waits for the cluster.
+fn cluster_settings(install_to: &str) -> Vec<Setting> {
+    vec![
         Setting::Each {
             flag: f::JOB,
             rule: Rule::Jobs,
@@ -90,6 +129,12 @@ pub(super) fn settings(install_to: &str) -> Settings {
                 max: BILLION,
             },
         ),
+    ]
+}
+
+/// What `trainlet init` writes for the frameworks.
+fn framework_settings() -> Vec<Setting> {
+    vec![
         Setting::Switch { flag: f::PREFLIGHT },
         value(
             f::FRAMEWORK,
@@ -117,8 +162,12 @@ pub(super) fn settings(install_to: &str) -> Settings {
         value(f::MASTER_PORT, None, port()),
         value(f::COORDINATOR_PORT, None, port()),
         value(f::NNODES, None, Rule::Span),
-    ];
-    let exec = vec![
+    ]
+}
+
+/// `trainlet exec`'s settings, in inject's order.
+fn exec_settings() -> Vec<Setting> {
+    vec![
         value(
             f::ON_PEER_CHANGE,
             Some(defaults::ON_PEER_CHANGE.name()),
@@ -156,19 +205,5 @@ pub(super) fn settings(install_to: &str) -> Settings {
             Rule::Choice(&["exit", "restart"]),
         ),
         value(f::PERMANENT_EXIT_CODES, None, Rule::Codes),
-    ];
-    // The sidecar's: on hostNetwork, where none is given, the policy chooses one as
-    // inject does (`inject::transform::hostnet`).
-    let sidecar = vec![value(
-        f::METRICS_ADDR,
-        Some(defaults::metrics_addr()),
-        Rule::Addr,
-    )];
-    Settings {
-        init,
-        exec,
-        sidecar,
-        required: vec![f::JOB],
-        default_port: defaults::PORT,
-    }
+    ]
 }

@@ -1,33 +1,11 @@
 //! Prometheus metrics and the admin HTTP server of the reporters.
 //!
-//! Routes:
-//! - `GET /metrics`: every metric, in the OpenMetrics text format (prometheus-client)
-//!   to every client that accepts it, as Prometheus does; in the classic text format
-//!   (0.0.4) to the others, such as `curl` and `promtool check metrics`, which do not
-//!   parse OpenMetrics (client_golang negotiates the same way);
-//! - `GET /livez`: 200 while the process serves at all;
-//! - `GET /readyz`: 200 once the first report has been published, 503 before.
-//!
-//! The server is plain HTTP/1 on hyper, one small task per connection on the same
-//! single-threaded runtime as the reporters: a scrape every 15 s costs nothing worth a
-//! thread.
-//!
-//! The port is reachable by anything in the cluster network, and the sidecar lives in a
-//! 128 MiB container, so the server is bounded as a Go server with `ReadHeaderTimeout`
-//! and `MaxHeaderBytes` is: a client has [`HEADER_READ_TIMEOUT`] to send its request
-//! head (also between the requests of a kept-alive connection), a connection's read
-//! buffer holds at most [`MAX_BUFFER`] bytes (a larger head is refused), and at most
-//! [`MAX_CONNECTIONS`] are served at once; past that a new connection is closed at once.
-//! 500 slow clients then cost a few MiB, not hyper's default 400 KiB each.
+//! The metrics live in one prometheus-client registry, encoded for each scrape; the
+//! admin server that serves them, with `/livez` and `/readyz`, is [`serve`].
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::AtomicU64;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,9 +13,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use thiserror::Error;
-use tracing::{debug, info};
 
 use crate::Code;
+
+mod serve;
+
+pub use serve::{
+    HEADER_READ_TIMEOUT, MAX_BUFFER, MAX_CONNECTIONS, Readiness, bind, bind_or_any_port, serve,
+    to_classic_text,
+};
 
 /// The OpenMetrics content type that Prometheus negotiates.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -228,130 +212,151 @@ impl Metrics {
             events_dropped: Family::default(),
             registry: Registry::default(),
         };
+        m.register_gpus(&mut registry);
+        m.register_pod(&mut registry);
+        m.register_job(&mut registry);
+        m.register_handover(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// The GPUs NVML sees, and their XID errors.
+    fn register_gpus(&self, registry: &mut Registry) {
         registry.register(
             "gpus",
             "GPUs visible through NVML in the training container; -1 while unknown (a sidecar without GPUs or observations from trainlet exec)",
-            m.gpus.clone(),
+            self.gpus.clone(),
         );
         registry.register(
             "gpus_expected",
             "GPUs expected: the training container's nvidia.com/gpu limit or --expect-gpus (0 when none)",
-            m.gpus_expected.clone(),
+            self.gpus_expected.clone(),
         );
         registry.register(
             "gpu_info",
             "1 for each GPU visible through NVML, by index, UUID and model",
-            m.gpu_info.clone(),
+            self.gpu_info.clone(),
         );
         registry.register(
             "gpu_xid_errors",
             "XID errors NVML reported since trainlet started, by GPU and XID; past 64 distinct GPU and XID pairs, the rest are counted with gpu, uuid and xid \"other\"",
-            m.gpu_xid_errors.clone(),
+            self.gpu_xid_errors.clone(),
         );
         registry.register(
             "gpu_xid_watched",
             "GPUs NVML's event API watches for XID errors (0 until registered, and where NVML registers none: counts and health are still polled)",
-            m.gpu_xid_watched.clone(),
+            self.gpu_xid_watched.clone(),
         );
+    }
+
+    /// The pod's own health: OOM kills, ports, and the reporter's work with the API server.
+    fn register_pod(&self, registry: &mut Registry) {
         registry.register(
             "oom_kills",
             "OOM kills observed since trainlet started, by container",
-            m.oom_kills.clone(),
+            self.oom_kills.clone(),
         );
         registry.register(
             "port_conflict",
             "1 when a watched port is in conflict, else 0",
-            m.port_conflict.clone(),
+            self.port_conflict.clone(),
         );
         registry.register(
             "health",
             "1 when the pod is ok, 0 when degraded",
-            m.health.clone(),
+            self.health.clone(),
         );
         registry.register(
             "annotation_patches",
             "Annotation patches sent to the API server",
-            m.annotation_patches.clone(),
+            self.annotation_patches.clone(),
         );
         registry.register(
             "api_errors",
             "Failed Kubernetes API calls (patches, Events, the pod watch)",
-            m.api_errors.clone(),
+            self.api_errors.clone(),
         );
         registry.register(
             "probes",
             "Probes of the pod (GPUs, listening ports, OOM kills, the handover), one per --interval: a count that stops moving is a reporter that hangs",
-            m.probes.clone(),
+            self.probes.clone(),
         );
         registry.register(
             "admin_connections_refused",
             "Admin connections closed at once because 1024 were already open",
-            m.admin_refused.clone(),
+            self.admin_refused.clone(),
         );
+    }
+
+    /// The job as exec sees it: its cluster, CMD's restarts and progress.
+    fn register_job(&self, registry: &mut Registry) {
         registry.register(
             "cluster_stale",
             "1 while a task of the cluster this pod was given is lost or held by another pod (the peer watch), else 0",
-            m.cluster_stale.clone(),
+            self.cluster_stale.clone(),
         );
         registry.register(
             "restarts",
             "Restarts of CMD by trainlet exec: --on-peer-change restart after a peer was lost or replaced, --on-stall restart after a stall",
-            m.restarts.clone(),
+            self.restarts.clone(),
         );
         registry.register(
             "last_progress_timestamp_seconds",
             "When CMD last made progress (trainlet exec --stall-after or --progress-pattern), by container",
-            m.progress.last_progress.clone(),
+            self.progress.last_progress.clone(),
         );
         registry.register(
             "progress_step",
             "The last step a --progress-pattern line gave, by container",
-            m.progress.progress_step.clone(),
+            self.progress.progress_step.clone(),
         );
         registry.register(
             "stalled",
             "1 while CMD is stalled: no progress for trainlet exec --stall-after, by container",
-            m.progress.stalled.clone(),
+            self.progress.stalled.clone(),
         );
         registry.register(
             "silent",
             "1 while CMD has shown no progress since it started (trainlet exec --stall-after): a rank that never prints, which is no stall by itself; by container",
-            m.progress.silent.clone(),
+            self.progress.silent.clone(),
         );
         registry.register(
             "stalls",
             "Stalls of CMD: no progress for trainlet exec --stall-after",
-            m.progress.stalls.clone(),
+            self.progress.stalls.clone(),
         );
         registry.register(
             "reported_progress_percent",
             "The progress percentage CMD last reported through the Kubeflow progress endpoint, by container",
-            m.progress.reported_percent.clone(),
+            self.progress.reported_percent.clone(),
         );
         registry.register(
             "reported_remaining_seconds",
             "The estimated time remaining CMD last reported through the Kubeflow progress endpoint, by container",
-            m.progress.reported_eta.clone(),
+            self.progress.reported_eta.clone(),
         );
         registry.register(
             "reported_metric",
             "A numeric metric CMD last reported through the Kubeflow progress endpoint, by container and name",
-            m.progress.reported_metric.clone(),
+            self.progress.reported_metric.clone(),
         );
+    }
+
+    /// The handover from exec to the sidecar, the Event budget, and the build.
+    fn register_handover(&self, registry: &mut Registry) {
         registry.register(
             "observations",
             "New versions of trainlet exec's observations the sidecar accepted",
-            m.observations.clone(),
+            self.observations.clone(),
         );
         registry.register(
             "observations_rejected",
             "Observations from the training container the sidecar rejected, by reason (too-large, not-a-file, unreadable, malformed, invalid, restart-unexplained)",
-            m.observations_rejected.clone(),
+            self.observations_rejected.clone(),
         );
         registry.register(
             "events_dropped",
             "Events not emitted because the Event budget (a burst of 10, then one per 6 s) was spent, by reason",
-            m.events_dropped.clone(),
+            self.events_dropped.clone(),
         );
         registry.register(
             "build",
@@ -360,7 +365,6 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             }),
         );
-        Metrics { registry, ..m }
     }
 
     /// The OpenMetrics text of every metric, ending in `# EOF`.
@@ -369,202 +373,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
-    }
-}
-
-/// Rewrites OpenMetrics text into the classic text format (0.0.4), for the metric
-/// types trainlet uses: a counter's family is named with its `_total` suffix, an info
-/// metric becomes a gauge named `<name>_info`, and `# UNIT` and `# EOF` go. Pure.
-pub fn to_classic_text(openmetrics: &str) -> String {
-    let mut types: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
-    for l in openmetrics.lines() {
-        if let Some(rest) = l.strip_prefix("# TYPE ")
-            && let Some((name, ty)) = rest.split_once(' ')
-        {
-            types.insert(name, ty);
-        }
-    }
-    let rename = |name: &str| -> String {
-        match types.get(name).copied() {
-            Some("counter") => format!("{name}_total"),
-            Some("info") => format!("{name}_info"),
-            _ => name.to_string(),
-        }
-    };
-    let mut out = String::with_capacity(openmetrics.len());
-    for l in openmetrics.lines() {
-        if l == "# EOF" || l.starts_with("# UNIT ") {
-            continue;
-        }
-        if let Some(rest) = l.strip_prefix("# HELP ") {
-            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-            out.push_str(&format!("# HELP {} {help}\n", rename(name)));
-        } else if let Some(rest) = l.strip_prefix("# TYPE ") {
-            let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
-            let ty = if ty == "info" { "gauge" } else { ty };
-            out.push_str(&format!("# TYPE {} {ty}\n", rename(name)));
-        } else {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Whether a request's Accept header asks for OpenMetrics.
-fn wants_openmetrics<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get_all(hyper::header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/openmetrics-text"))
-}
-
-/// The readiness latch: it flips once, when the first report is published, and never
-/// back. A reporter that loses the API server later is still ready: it has reported,
-/// and it catches up on its own.
-#[derive(Clone, Default, Debug)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    pub fn set(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
-
-/// How long a client may take to send a request head.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most a connection buffers: a request head larger than this is refused (hyper's
-/// minimum is 8 KiB; Prometheus sends well under 1 KiB).
-pub const MAX_BUFFER: usize = 16 * 1024;
-/// The most connections served at once.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// Open connections above this are a burst: its buffers are handed back to the kernel
-/// once the last connection has closed (Prometheus keeps one or two open).
-const BURST: usize = 32;
-
-/// Binds the admin server's socket. Separate from [`serve`] so that a bind failure is
-/// reported before anything else starts.
-pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
-    let std =
-        std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
-    std.set_nonblocking(true)
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    tokio::net::TcpListener::from_std(std).map_err(|source| MetricsError::Bind { addr, source })
-}
-
-/// Binds `addr`, or where another process holds its port, any free port of the same
-/// address: a reporter whose port is taken (two hostNetwork pods on one node) reports
-/// all the same, on a port it logs, instead of crash-looping. The error says why.
-pub fn bind_or_any_port(
-    addr: SocketAddr,
-) -> Result<(tokio::net::TcpListener, Option<MetricsError>), MetricsError> {
-    match bind(addr) {
-        Ok(l) => Ok((l, None)),
-        Err(MetricsError::Bind { source, .. })
-            if source.kind() == std::io::ErrorKind::AddrInUse && addr.port() != 0 =>
-        {
-            let any = SocketAddr::new(addr.ip(), 0);
-            Ok((bind(any)?, Some(MetricsError::Bind { addr, source })))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Serves `/metrics`, `/livez` and `/readyz` until the task is dropped.
-///
-/// Says so at once, not in the spawned task: the sidecar's startup probe passes once the
-/// port listens, and its first line must come before the training container's.
-pub fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: Readiness,
-) -> impl Future<Output = ()> {
-    if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics, /livez and /readyz");
-    }
-    accept(listener, metrics, ready)
-}
-
-async fn accept(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Readiness) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let burst = Arc::new(AtomicBool::new(false));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                debug!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "{MAX_CONNECTIONS} admin connections open; closing this one");
-            metrics.admin_refused.inc();
-            continue;
-        };
-        if MAX_CONNECTIONS - slots.available_permits() > BURST {
-            burst.store(true, Ordering::Relaxed);
-        }
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        let (slots, burst) = (slots.clone(), burst.clone());
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let resp = route(&req, &metrics, &ready);
-                async move { Ok::<_, std::convert::Infallible>(resp) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_BUFFER)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await
-            {
-                debug!(%peer, "admin connection ended: {e}");
-            }
-            drop(slot);
-            if slots.available_permits() == MAX_CONNECTIONS && burst.swap(false, Ordering::Relaxed)
-            {
-                crate::heap::release_freed();
-            }
-        });
-    }
-}
-
-fn route<B>(req: &Request<B>, metrics: &Metrics, ready: &Readiness) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: &str| {
-        Response::builder()
-            .status(status)
-            .header("content-type", "text/plain; charset=utf-8")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .expect("static response")
-    };
-    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
-    }
-    match req.uri().path() {
-        "/metrics" if wants_openmetrics(req) => Response::builder()
-            .header("content-type", CONTENT_TYPE)
-            .body(Full::new(Bytes::from(metrics.encode())))
-            .expect("static response"),
-        "/metrics" => Response::builder()
-            .header("content-type", TEXT_CONTENT_TYPE)
-            .body(Full::new(Bytes::from(to_classic_text(&metrics.encode()))))
-            .expect("static response"),
-        "/livez" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if ready.is_ready() => text(StatusCode::OK, "ok\n"),
-        "/readyz" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first report has not been published yet\n",
-        ),
-        _ => text(
-            StatusCode::NOT_FOUND,
-            "not found: try /metrics, /livez or /readyz\n",
-        ),
     }
 }
 
