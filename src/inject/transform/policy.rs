@@ -17,91 +17,14 @@ impl Ctx<'_> {
         let Some(pod) = descend(job_spec, &["template", "spec"]) else {
             return Err(self.shape(what, "spec.template.spec is not a mapping"));
         };
-        let training = self
-            .cfg
-            .wrap
-            .clone()
-            .or_else(|| match pod.get("containers") {
-                Some(Node::Seq(cs)) => cs
-                    .iter()
-                    .filter_map(name_of)
-                    .find(|n| *n != SIDECAR)
-                    .map(str::to_string),
-                _ => None,
-            });
-        let Some(training) = training else {
-            return Err(self.shape(
-                what,
-                format!(
-                    "--{}: the pod template has no container",
-                    flags::FAILURE_POLICY
-                ),
-            ));
-        };
-        match pod.get("restartPolicy").and_then(Node::as_str) {
-            Some("Never") => {}
-            other => {
-                self.note(
-                    what.to_string(),
-                    format!(
-                        "restartPolicy {} -> Never, which podFailurePolicy requires: a failed pod is replaced by a new pod (with a new IP)",
-                        other.unwrap_or("Always")
-                    ),
-                );
-                pod.set("restartPolicy", Node::str("Never"));
-            }
-        }
-        // The command of a container that runs a launcher itself; one that --wrap names
-        // runs under `trainlet exec`, which tells the launcher's exits apart.
-        let argv = match (&self.cfg.wrap, pod.get("containers")) {
-            (None, Some(Node::Seq(cs))) => cs
-                .iter()
-                .find(|c| name_of(c) == Some(training.as_str()))
-                .map(argv_of),
-            _ => None,
-        };
-        let codes = permanent_codes(self.cfg.permanent_exit_codes.as_deref(), argv.as_deref());
-        if self.cfg.permanent_exit_codes.is_none() && codes != crate::exit::CMD_PERMANENT {
-            self.note(
-                what.to_string(),
-                format!(
-                    "--{}: container {training:?} runs {}, a launcher that exits 1 for any worker's failure, transient ones too: its exit 1 is counted, not permanent (--wrap {training} tells them apart)",
-                    flags::FAILURE_POLICY,
-                    argv.as_deref().and_then(<[String]>::first).map_or("", String::as_str)
-                ),
-            );
-        }
+        let training = self.training_container(pod, what)?;
+        self.never_restart(pod, what);
+        let codes = self.codes(pod, what, &training);
         let ours = pod_failure_policy(&training, &codes);
         let Some(Node::Seq(our_rules)) = ours.get("rules").cloned() else {
             unreachable!("pod_failure_policy has rules")
         };
-        // trainlet's rules with its default codes, from an inject before
-        // --permanent-exit-codes: replaced, not kept as the user's.
-        let default_rules: Vec<Node> = [None, Some(LAUNCHER_PROBE)]
-            .into_iter()
-            .map(|probe| {
-                let argv = probe.map(|p| vec![p.to_string()]);
-                pod_failure_policy(&training, &permanent_codes(None, argv.as_deref()))
-            })
-            .filter_map(|p| match p.get("rules") {
-                Some(Node::Seq(rules)) => Some(rules.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        let user_rules: Vec<Node> = match job_spec.get("podFailurePolicy") {
-            None => Vec::new(),
-            Some(p) => match p.get("rules") {
-                Some(Node::Seq(rules)) => rules
-                    .iter()
-                    .filter(|r| !our_rules.contains(r) && !default_rules.contains(r))
-                    .cloned()
-                    .collect(),
-                _ => {
-                    return Err(self.shape(what, "spec.podFailurePolicy.rules is not a list"));
-                }
-            },
-        };
+        let user_rules = self.user_rules(job_spec, what, &training, &our_rules)?;
         // The user's rules first: Kubernetes applies the first rule that matches, so
         // what they decided for an exit code stands; trainlet's follow for the rest.
         let merged: Vec<Node> = user_rules.iter().cloned().chain(our_rules).collect();
@@ -133,6 +56,110 @@ impl Ctx<'_> {
         }
         job_spec.set("podFailurePolicy", policy);
         Ok(())
+    }
+
+    /// The container whose exit codes the rules read: the one `--wrap` names, or the
+    /// template's first that is not trainlet's.
+    fn training_container(&self, pod: &Node, what: &str) -> Result<String, TransformError> {
+        let training = self
+            .cfg
+            .wrap
+            .clone()
+            .or_else(|| match pod.get("containers") {
+                Some(Node::Seq(cs)) => cs
+                    .iter()
+                    .filter_map(name_of)
+                    .find(|n| *n != SIDECAR)
+                    .map(str::to_string),
+                _ => None,
+            });
+        training.ok_or_else(|| {
+            self.shape(
+                what,
+                format!(
+                    "--{}: the pod template has no container",
+                    flags::FAILURE_POLICY
+                ),
+            )
+        })
+    }
+
+    /// `restartPolicy: Never`, which podFailurePolicy requires, with a note where it was
+    /// not.
+    fn never_restart(&mut self, pod: &mut Node, what: &str) {
+        match pod.get("restartPolicy").and_then(Node::as_str) {
+            Some("Never") => {}
+            other => {
+                self.note(
+                    what.to_string(),
+                    format!(
+                        "restartPolicy {} -> Never, which podFailurePolicy requires: a failed pod is replaced by a new pod (with a new IP)",
+                        other.unwrap_or("Always")
+                    ),
+                );
+                pod.set("restartPolicy", Node::str("Never"));
+            }
+        }
+    }
+
+    /// The exit codes that fail the Job: `--permanent-exit-codes`, or trainlet's, less
+    /// 1 where the container runs a launcher itself (a note says so).
+    fn codes(&mut self, pod: &Node, what: &str, training: &str) -> Vec<i32> {
+        // The command of a container that runs a launcher itself; one that --wrap names
+        // runs under `trainlet exec`, which tells the launcher's exits apart.
+        let argv = match (&self.cfg.wrap, pod.get("containers")) {
+            (None, Some(Node::Seq(cs))) => cs
+                .iter()
+                .find(|c| name_of(c) == Some(training))
+                .map(argv_of),
+            _ => None,
+        };
+        let codes = permanent_codes(self.cfg.permanent_exit_codes.as_deref(), argv.as_deref());
+        if self.cfg.permanent_exit_codes.is_none() && codes != crate::exit::CMD_PERMANENT {
+            self.note(
+                what.to_string(),
+                format!(
+                    "--{}: container {training:?} runs {}, a launcher that exits 1 for any worker's failure, transient ones too: its exit 1 is counted, not permanent (--wrap {training} tells them apart)",
+                    flags::FAILURE_POLICY,
+                    argv.as_deref().and_then(<[String]>::first).map_or("", String::as_str)
+                ),
+            );
+        }
+        codes
+    }
+
+    /// The Job's own podFailurePolicy rules, less trainlet's: this inject's, and those
+    /// an inject before `--permanent-exit-codes` wrote with its default codes.
+    fn user_rules(
+        &self,
+        job_spec: &Node,
+        what: &str,
+        training: &str,
+        our_rules: &[Node],
+    ) -> Result<Vec<Node>, TransformError> {
+        let default_rules: Vec<Node> = [None, Some(LAUNCHER_PROBE)]
+            .into_iter()
+            .map(|probe| {
+                let argv = probe.map(|p| vec![p.to_string()]);
+                pod_failure_policy(training, &permanent_codes(None, argv.as_deref()))
+            })
+            .filter_map(|p| match p.get("rules") {
+                Some(Node::Seq(rules)) => Some(rules.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        match job_spec.get("podFailurePolicy") {
+            None => Ok(Vec::new()),
+            Some(p) => match p.get("rules") {
+                Some(Node::Seq(rules)) => Ok(rules
+                    .iter()
+                    .filter(|r| !our_rules.contains(r) && !default_rules.contains(r))
+                    .cloned()
+                    .collect()),
+                _ => Err(self.shape(what, "spec.podFailurePolicy.rules is not a list")),
+            },
+        }
     }
 }
 

@@ -164,9 +164,25 @@ fn find<'a>(settings: &'a Settings, flag: &str) -> Option<&'a Setting> {
 
 /// What inject checks across settings.
 fn across(settings: &Settings) -> Vec<(String, String)> {
+    let mut out = across_jobs(settings);
+    out.extend(across_exec(settings));
+    out
+}
+
+/// A message of `before`, the annotation's value that `value` (CEL) reads, and `after`.
+fn around(before: &str, value: &str, after: &str) -> String {
+    format!(
+        "{} + {} + {}",
+        cel_string(before),
+        shown(value),
+        cel_string(after)
+    )
+}
+
+/// `--expect`'s types against `--job`'s, and `--job`'s types against each other.
+fn across_jobs(settings: &Settings) -> Vec<(String, String)> {
     use crate::flags as f;
     let mut out = Vec::new();
-    let text = |t: String| cel_string(&t);
     let job = annotation(f::JOB);
     let types = format!("{job}.split(';').map(s, s.split('=')[0].trim())");
     if let (Some(jobs), Some(expect)) = (find(settings, f::JOB), find(settings, f::EXPECT)) {
@@ -176,26 +192,18 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
         );
         let e = annotation(f::EXPECT);
         let expected = format!("{e}.split(',').map(x, x.split('=')[0])");
+        let invalid = format!("invalid annotation {PREFIX}{} \"", f::EXPECT);
         out.push((
             format!("!({jobs} && {expect_ok}) || {expected}.all(t, t in {types})"),
-            format!(
-                "{} + {} + {}",
-                text(format!("invalid annotation {PREFIX}{} \"", f::EXPECT)),
-                shown(&e),
-                text(format!(
-                    "\": every TYPE must be a job type of {PREFIX}{}",
-                    f::JOB
-                ))
+            around(
+                &invalid,
+                &e,
+                &format!("\": every TYPE must be a job type of {PREFIX}{}", f::JOB),
             ),
         ));
         out.push((
             format!("!({jobs} && {expect_ok}) || {expected}.all(t, {expected}.filter(u, u == t).size() == 1)"),
-            format!(
-                "{} + {} + {}",
-                text(format!("invalid annotation {PREFIX}{} \"", f::EXPECT)),
-                shown(&e),
-                text("\": a type is given twice".into())
-            ),
+            around(&invalid, &e, "\": a type is given twice"),
         ));
     }
     if let Some(jobs) = find(settings, f::JOB).and_then(valid) {
@@ -207,16 +215,23 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
                 name("a"),
                 name("b")
             ),
-            format!(
-                "{} + {} + {}",
-                text(format!("invalid annotation {PREFIX}{} \"", f::JOB)),
-                shown(&job),
-                text(format!(
+            around(
+                &format!("invalid annotation {PREFIX}{} \"", f::JOB),
+                &job,
+                &format!(
                     "\": two job types would write one Volcano host list (a-b and a_b, or a_b and A_B); rename one of them (at most {MAX_ITEMS} types)"
-                ))
+                ),
             ),
         ));
     }
+    out
+}
+
+/// The wrapped exec's settings: given only with a container to wrap, and those that
+/// need another given with it.
+fn across_exec(settings: &Settings) -> Vec<(String, String)> {
+    use crate::flags as f;
+    let mut out = Vec::new();
     out.push((
         "variables.wrap == '' || object.spec.containers.exists(c, c.name == variables.wrap && has(c.command) && size(c.command) > 0)".to_string(),
         bad(
@@ -243,7 +258,7 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
             };
             out.push((
                 format!("variables.wrap != '' || {v} == ''{default}"),
-                text(format!(
+                cel_string(&format!(
                     "the annotation {PREFIX}{flag} acts on the command of the container that {PREFIX}{WRAP} names: add {PREFIX}{WRAP}"
                 )),
             ));
@@ -255,14 +270,13 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
             "{on_stall} in ['', 'report'] || {} != ''",
             annotation(f::STALL_AFTER)
         ),
-        format!(
-            "{} + {} + {}",
-            text(format!("the annotation {PREFIX}{} \"", f::ON_STALL)),
-            shown(&on_stall),
-            text(format!(
+        around(
+            &format!("the annotation {PREFIX}{} \"", f::ON_STALL),
+            &on_stall,
+            &format!(
                 "\" acts on a stall, which {PREFIX}{} defines: add it",
                 f::STALL_AFTER
-            ))
+            ),
         ),
     ));
     let codes = annotation(f::PERMANENT_EXIT_CODES);
@@ -271,17 +285,13 @@ fn across(settings: &Settings) -> Vec<(String, String)> {
             "{codes} == '' || {} == 'restart'",
             annotation(f::ON_FAILURE)
         ),
-        format!(
-            "{} + {} + {}",
-            text(format!(
-                "the annotation {PREFIX}{} \"",
-                f::PERMANENT_EXIT_CODES
-            )),
-            shown(&codes),
-            text(format!(
+        around(
+            &format!("the annotation {PREFIX}{} \"", f::PERMANENT_EXIT_CODES),
+            &codes,
+            &format!(
                 "\" names the codes that {PREFIX}{} restart does not retry: add it",
                 f::ON_FAILURE
-            ))
+            ),
         ),
     ));
     out
