@@ -17,6 +17,7 @@ pub mod outbox;
 pub mod pod;
 pub mod probe;
 pub mod state;
+pub mod transitions;
 
 /// Which way the reporters run: in their own container, or in the training
 /// container's `trainlet exec`, beside CMD.

@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use super::budget::REPORT_MAX;
-use crate::cluster::drift::{self, ClusterStatus, Drift, Held};
+pub use super::transitions::{Announced, Note, peer_transitions, transitions};
+use crate::cluster::drift::{ClusterStatus, Drift};
 use crate::publish::keys;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
@@ -172,47 +173,17 @@ pub struct Observed<'a> {
 /// count mismatch, GPUs expected but NVML unavailable, a port conflict, or an OOM kill
 /// since trainlet started.
 pub fn assemble(o: Observed<'_>) -> Report {
-    const XID_REASONS: usize = 3;
     let status = match o.gpu_unknown {
         Some(_) => GpuStatus::Unknown,
         None => gpu::verdict(o.gpu, o.expected),
     };
-    let mut reasons = Vec::new();
-    if let (GpuStatus::Mismatch | GpuStatus::Unavailable, Some(e)) = (&status, o.expected) {
-        reasons.push(gpu::message(o.gpu, e, o.container));
-    }
     let lost = if o.gpu_unknown.is_some() {
         None
     } else {
         gpu::lost(o.gpu, o.gpus_seen, o.gpu_lost, o.container)
     };
-    if let Some(why) = &lost {
-        reasons.push(why.clone());
-    }
-    if o.gpu_unknown.is_none() {
-        reasons.extend(gpu::fault_reasons(o.gpu, o.container));
-    }
-    // A few critical XIDs by name, the rest summed up: one GPU can report many, and
-    // the reasons after them (a port conflict) must still fit in the report.
-    let critical: Vec<&XidError> = o.xids.critical().collect();
-    for e in critical.iter().take(XID_REASONS) {
-        let n = o.xids.counts[*e];
-        reasons.push(match n {
-            1 => e.message(),
-            n => format!("{} ({n} times)", e.message()),
-        });
-    }
-    if critical.len() > XID_REASONS {
-        let rest = &critical[XID_REASONS..];
-        let gpus: BTreeSet<u32> = rest.iter().map(|e| e.gpu).collect();
-        reasons.push(format!(
-            "{} more kinds of critical XID error on {} GPU{} ({} in all)",
-            rest.len(),
-            gpus.len(),
-            if gpus.len() == 1 { "" } else { "s" },
-            rest.iter().map(|e| o.xids.counts[*e]).sum::<u64>()
-        ));
-    }
+    let mut reasons = gpu_reasons(&o, &status, lost.as_deref());
+    reasons.extend(xid_reasons(o.xids));
     for (port, state) in o.ports {
         if state.is_conflict() {
             reasons.push(ports::conflict_message(*port, state, o.container));
@@ -225,19 +196,7 @@ pub fn assemble(o: Observed<'_>) -> Report {
     if let Some(why) = o.unpublished {
         reasons.push(why.to_string());
     }
-    if o.oom_total > 0 {
-        let last = o
-            .oom_recent
-            .last()
-            .map(|k| format!(" (last: {})", k.message()))
-            .unwrap_or_default();
-        reasons.push(format!(
-            "{} OOM kill{} since {}{last}",
-            o.oom_total,
-            if o.oom_total == 1 { "" } else { "s" },
-            o.since
-        ));
-    }
+    reasons.extend(oom_reason(&o));
     Report {
         health: if reasons.is_empty() {
             Health::Ok
@@ -248,28 +207,7 @@ pub fn assemble(o: Observed<'_>) -> Report {
         mode: o.mode,
         container: o.container.to_string(),
         since: o.since.to_string(),
-        gpu: GpuSection {
-            count: o.gpu.count(),
-            expected: o.expected.cloned(),
-            status,
-            nvml: o.gpu.nvml_status(),
-            driver: o.gpu.driver.clone(),
-            devices: o.gpu.devices.clone(),
-            faulty: o.gpu.faulty.clone(),
-            xid_watch: o.xid_watch.cloned(),
-            lost,
-            xid_errors: o
-                .xids
-                .counts
-                .iter()
-                .map(|(e, n)| XidCount {
-                    error: e.clone(),
-                    count: *n,
-                })
-                .collect(),
-            xid_errors_other: o.xids.other,
-            unknown: o.gpu_unknown.map(str::to_string),
-        },
+        gpu: gpu_section(&o, status, lost),
         ports: o
             .ports
             .iter()
@@ -288,6 +226,90 @@ pub fn assemble(o: Observed<'_>) -> Report {
         exec: o.exec.cloned(),
         cluster,
         truncated: false,
+    }
+}
+
+/// The GPUs' reasons: a count that is not the one expected, GPUs lost, GPUs at fault.
+fn gpu_reasons(o: &Observed<'_>, status: &GpuStatus, lost: Option<&str>) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if let (GpuStatus::Mismatch | GpuStatus::Unavailable, Some(e)) = (status, o.expected) {
+        reasons.push(gpu::message(o.gpu, e, o.container));
+    }
+    reasons.extend(lost.map(str::to_string));
+    if o.gpu_unknown.is_none() {
+        reasons.extend(gpu::fault_reasons(o.gpu, o.container));
+    }
+    reasons
+}
+
+/// A few critical XIDs by name, the rest summed up: one GPU can report many, and the
+/// reasons after them (a port conflict) must still fit in the report.
+fn xid_reasons(xids: &XidLedger) -> Vec<String> {
+    const XID_REASONS: usize = 3;
+    let critical: Vec<&XidError> = xids.critical().collect();
+    let mut reasons: Vec<String> = critical
+        .iter()
+        .take(XID_REASONS)
+        .map(|e| match xids.counts[*e] {
+            1 => e.message(),
+            n => format!("{} ({n} times)", e.message()),
+        })
+        .collect();
+    if critical.len() > XID_REASONS {
+        let rest = &critical[XID_REASONS..];
+        let gpus: BTreeSet<u32> = rest.iter().map(|e| e.gpu).collect();
+        reasons.push(format!(
+            "{} more kinds of critical XID error on {} GPU{} ({} in all)",
+            rest.len(),
+            gpus.len(),
+            if gpus.len() == 1 { "" } else { "s" },
+            rest.iter().map(|e| xids.counts[*e]).sum::<u64>()
+        ));
+    }
+    reasons
+}
+
+/// The OOM kills since trainlet started, the last one named.
+fn oom_reason(o: &Observed<'_>) -> Option<String> {
+    if o.oom_total == 0 {
+        return None;
+    }
+    let last = o
+        .oom_recent
+        .last()
+        .map(|k| format!(" (last: {})", k.message()))
+        .unwrap_or_default();
+    Some(format!(
+        "{} OOM kill{} since {}{last}",
+        o.oom_total,
+        if o.oom_total == 1 { "" } else { "s" },
+        o.since
+    ))
+}
+
+/// The report's GPU section.
+fn gpu_section(o: &Observed<'_>, status: GpuStatus, lost: Option<String>) -> GpuSection {
+    GpuSection {
+        count: o.gpu.count(),
+        expected: o.expected.cloned(),
+        status,
+        nvml: o.gpu.nvml_status(),
+        driver: o.gpu.driver.clone(),
+        devices: o.gpu.devices.clone(),
+        faulty: o.gpu.faulty.clone(),
+        xid_watch: o.xid_watch.cloned(),
+        lost,
+        xid_errors: o
+            .xids
+            .counts
+            .iter()
+            .map(|(e, n)| XidCount {
+                error: e.clone(),
+                count: *n,
+            })
+            .collect(),
+        xid_errors_other: o.xids.other,
+        unknown: o.gpu_unknown.map(str::to_string),
     }
 }
 
@@ -336,127 +358,6 @@ pub fn annotations(report: &Report, report_json: &str) -> BTreeMap<String, Optio
         ),
         (keys::REPORT.into(), Some(report_json.to_string())),
     ])
-}
-
-/// What was already announced by Events, so that Events fire on transitions only.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Announced {
-    gpu: Option<(GpuStatus, u32)>,
-    conflicts: BTreeSet<u16>,
-    /// The GPUs announced as needing a reset, by index.
-    resets: BTreeSet<u32>,
-    /// Why the GPUs are gone, as first announced: NVML's event thread and the probe's
-    /// count can both tell, in either order, and the report says what the Event said.
-    lost: Option<String>,
-    /// Each task's state last announced by the peer watch ([`held_key`]).
-    peers: BTreeMap<String, String>,
-}
-
-/// An Event to emit: (reason, note).
-pub type Note = (&'static str, String);
-
-/// The Events for what changed since the last report, and whether any of it is urgent
-/// (a new conflict: publish at once). OOM kills are announced where they are
-/// recorded, one Event each.
-pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bool) {
-    let mut out = Vec::new();
-    let mut urgent = false;
-    let now = (report.gpu.status.clone(), report.gpu.count);
-    // A count that becomes known is published at once: until then the pod said
-    // `unknown`, which a dashboard or an alert reads as a problem.
-    if matches!(announced.gpu, Some((GpuStatus::Unknown, _))) && now.0 != GpuStatus::Unknown {
-        urgent = true;
-    }
-    if announced.gpu.as_ref() != Some(&now) {
-        if let Some(e) = &report.gpu.expected {
-            let info = GpuInfo {
-                devices: report.gpu.devices.clone(),
-                driver: report.gpu.driver.clone(),
-                nvml: if report.gpu.nvml == "ok" {
-                    Ok(())
-                } else {
-                    Err(gpu::Unavailable::QueryFailed { why: String::new() })
-                },
-                faulty: report.gpu.faulty.clone(),
-            };
-            let was = announced.gpu.as_ref().map(|(s, _)| s.clone());
-            match report.gpu.status {
-                GpuStatus::Mismatch => out.push((
-                    crate::reason::Reason::GpuCountMismatch.as_str(),
-                    gpu::message(&info, e, &report.container),
-                )),
-                GpuStatus::Unavailable if was != Some(GpuStatus::Unavailable) => {
-                    let why = report.gpu.nvml.trim_start_matches("unavailable: ");
-                    out.push((
-                        crate::reason::Reason::GpuUnavailable.as_str(),
-                        format!(
-                            "container {} expects {} GPU{} ({}) but NVML is unavailable: {why}",
-                            report.container,
-                            e.count,
-                            if e.count == 1 { "" } else { "s" },
-                            e.source
-                        ),
-                    ))
-                }
-                _ => {}
-            }
-        }
-        announced.gpu = Some(now);
-    }
-    match &report.gpu.lost {
-        Some(why) if announced.lost.is_none() => {
-            out.push((crate::reason::Reason::GpuLost.as_str(), why.clone()));
-            urgent = true;
-            announced.lost = Some(why.clone());
-        }
-        None => announced.lost = None,
-        Some(_) => {}
-    }
-    for note in gpu::new_resets(&report.gpu.faulty, &mut announced.resets, &report.container) {
-        out.push((crate::reason::Reason::GpuResetRequired.as_str(), note));
-        urgent = true;
-    }
-    let conflicts: BTreeSet<u16> = report
-        .ports
-        .iter()
-        .filter(|p| p.state.is_conflict())
-        .map(|p| p.port)
-        .collect();
-    for p in report.ports.iter().filter(|p| p.state.is_conflict()) {
-        if !announced.conflicts.contains(&p.port) {
-            out.push((
-                crate::reason::Reason::PortConflict.as_str(),
-                ports::conflict_message(p.port, &p.state, &report.container),
-            ));
-            urgent = true;
-        }
-    }
-    announced.conflicts = conflicts;
-    (out, urgent)
-}
-
-/// What makes a task's state news: lost (whatever became of it since), or replaced at
-/// this address.
-fn held_key(h: &Held) -> String {
-    match h {
-        Held::Current => "current".into(),
-        Held::Lost { .. } => "lost".into(),
-        Held::Replaced { uid, address, .. } => format!("replaced {uid} {address}"),
-    }
-}
-
-/// PeerLost / PeerReplaced, once per task and state (a pod being deleted, then gone,
-/// then replaced without an address yet is one loss); a task back to current clears.
-pub fn peer_transitions(announced: &mut Announced, cluster: &[Drift]) -> Vec<Note> {
-    let mut out = Vec::new();
-    for d in cluster {
-        let key = held_key(&d.held);
-        if announced.peers.get(&d.task) != Some(&key) {
-            out.extend(drift::event(d));
-            announced.peers.insert(d.task.clone(), key);
-        }
-    }
-    out
 }
 
 /// What the engine remembers between evaluations: the transitions already announced,
