@@ -12,7 +12,7 @@ use tracing::warn;
 
 use super::{InitConfig, InitError};
 use crate::cluster::published::{self, ANNOTATION, Resolution};
-use crate::cluster::{Cluster, PeerPod, Task};
+use crate::cluster::{Cluster, PeerPod, Resolver, Task};
 use crate::kube::{self as k8s, Identity};
 use crate::peers::follow::{Verdict, follow};
 
@@ -59,14 +59,9 @@ pub(super) async fn follow_resolver(
         cfg.timeout,
         FALLBACK,
         async |pod: &Pod| {
-            let Some(text) = pod.annotations().get(ANNOTATION) else {
-                return Verdict::Wait("has not published the cluster yet".into());
-            };
-            let resolution = match published::decode(text, &id.namespace) {
+            let resolution = match published_by(pod, &id.namespace) {
                 Ok(r) => r,
-                Err(e) => {
-                    return Verdict::Wait(format!("carries a cluster trainlet cannot use: {e}"));
-                }
+                Err(why) => return Verdict::Wait(why),
             };
             seen = seen.max(resolution.generation);
             let resolution = match verdict(resolution, pod, &types, cfg, own_uid, min_generation) {
@@ -82,16 +77,7 @@ pub(super) async fn follow_resolver(
                 .find(|p| p.uid == own_uid)
                 .map(|p| p.address.clone());
             if own_address.is_none() || own_address != placed {
-                // A failed look keeps the old address: the published one then does not
-                // fit, and the next event or the timeout says so.
-                match k8s::get_own_pod(client, id).await {
-                    Ok(fresh) => {
-                        if let Ok(a) = resolver.address_of(&PeerPod::from(&fresh)) {
-                            own_address = a;
-                        }
-                    }
-                    Err(e) => warn!("looking at the own pod again: {e}"),
-                }
+                look_again(client, id, resolver, &mut own_address).await;
             }
             let resolver_uid = pod.uid().unwrap_or_default();
             match published::own_task(
@@ -119,6 +105,34 @@ pub(super) async fn follow_resolver(
             task,
         }),
         Err(e) => Err((e.into(), seen)),
+    }
+}
+
+/// The resolution a pod's annotation carries, or why it carries none this pod can use.
+fn published_by(pod: &Pod, namespace: &str) -> Result<Resolution, String> {
+    let Some(text) = pod.annotations().get(ANNOTATION) else {
+        return Err("has not published the cluster yet".into());
+    };
+    published::decode(text, namespace)
+        .map_err(|e| format!("carries a cluster trainlet cannot use: {e}"))
+}
+
+/// This pod's address as the API server reports it now. A failed look keeps the old
+/// address: the published one then does not fit, and the next event or the timeout
+/// says so.
+async fn look_again(
+    client: &Client,
+    id: &Identity,
+    resolver: &Resolver,
+    own_address: &mut Option<String>,
+) {
+    match k8s::get_own_pod(client, id).await {
+        Ok(fresh) => {
+            if let Ok(a) = resolver.address_of(&PeerPod::from(&fresh)) {
+                *own_address = a;
+            }
+        }
+        Err(e) => warn!("looking at the own pod again: {e}"),
     }
 }
 

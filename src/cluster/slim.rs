@@ -183,33 +183,6 @@ struct StatusEntry {
 impl<'de> Deserialize<'de> for PeerPod {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = View::deserialize(d)?;
-        let m = v.metadata;
-        let metadata = ObjectMeta {
-            name: m.name,
-            namespace: m.namespace,
-            uid: m.uid,
-            resource_version: m.resource_version,
-            // Only the index annotations matter; last-applied-configuration and
-            // friends can be kilobytes. An index that is also a label is read from the
-            // label, so its annotation (set beside it by Indexed Jobs and JobSets) is
-            // dropped: an empty map costs nothing, one entry a whole B-tree node.
-            annotations: m
-                .annotations
-                .map(|a| {
-                    a.into_iter()
-                        .filter(|(k, _)| {
-                            INDEX_KEYS.contains(&k.as_str())
-                                || k == super::order::jobset::GLOBAL_INDEX
-                        })
-                        .filter(|(k, _)| !m.labels.as_ref().is_some_and(|l| l.contains_key(k)))
-                        .collect::<BTreeMap<_, _>>()
-                })
-                .filter(|a| !a.is_empty()),
-            labels: m.labels,
-            deletion_timestamp: m.deletion_timestamp,
-            owner_references: m.owner_references,
-            ..Default::default()
-        };
         let (mut node_name, mut hostname, mut subdomain, mut named_ports) =
             (None, None, None, Vec::new());
         if let Some(s) = v.spec {
@@ -223,47 +196,77 @@ impl<'de> Deserialize<'de> for PeerPod {
                 .collect();
             named_ports.shrink_to_fit();
         }
-        let status = v.status.map(|s| {
-            let conditions = s.conditions.unwrap_or_default();
-            let init = s.init_container_statuses.unwrap_or_default();
-            let init_running = init
-                .iter()
-                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-            let waiting = init
-                .into_iter()
-                .chain(s.container_statuses.into_iter().flatten())
-                .filter_map(|c| c.state?.waiting)
-                .find(|w| w.reason.is_some());
-            let mut ready = None;
-            let mut unscheduled = None;
-            for c in conditions {
-                if c.type_ == "Ready" && ready.is_none() {
-                    ready = Some(c.into());
-                } else if c.type_ == "PodScheduled" && c.status == "False" && unscheduled.is_none()
-                {
-                    unscheduled = Some(c.into());
-                }
-            }
-            PeerStatus {
-                phase: s.phase,
-                pod_ip: s.pod_ip,
-                host_ip: s.host_ip,
-                reason: s.reason,
-                message: s.message,
-                init_running,
-                ready,
-                unscheduled,
-                waiting,
-            }
-        });
         Ok(PeerPod(Box::new(PeerFacts {
-            metadata,
+            metadata: metadata(v.metadata),
             node_name,
             hostname,
             subdomain,
             named_ports,
-            status,
+            status: v.status.map(status),
         })))
+    }
+}
+
+/// The metadata resolution reads.
+fn metadata(m: MetaView) -> ObjectMeta {
+    ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        // Only the index annotations matter; last-applied-configuration and
+        // friends can be kilobytes. An index that is also a label is read from the
+        // label, so its annotation (set beside it by Indexed Jobs and JobSets) is
+        // dropped: an empty map costs nothing, one entry a whole B-tree node.
+        annotations: m
+            .annotations
+            .map(|a| {
+                a.into_iter()
+                    .filter(|(k, _)| {
+                        INDEX_KEYS.contains(&k.as_str()) || k == super::order::jobset::GLOBAL_INDEX
+                    })
+                    .filter(|(k, _)| !m.labels.as_ref().is_some_and(|l| l.contains_key(k)))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .filter(|a| !a.is_empty()),
+        labels: m.labels,
+        deletion_timestamp: m.deletion_timestamp,
+        owner_references: m.owner_references,
+        ..Default::default()
+    }
+}
+
+/// The status resolution and its messages read.
+fn status(s: StatusView) -> PeerStatus {
+    let conditions = s.conditions.unwrap_or_default();
+    let init = s.init_container_statuses.unwrap_or_default();
+    let init_running = init
+        .iter()
+        .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    let waiting = init
+        .into_iter()
+        .chain(s.container_statuses.into_iter().flatten())
+        .filter_map(|c| c.state?.waiting)
+        .find(|w| w.reason.is_some());
+    let mut ready = None;
+    let mut unscheduled = None;
+    for c in conditions {
+        if c.type_ == "Ready" && ready.is_none() {
+            ready = Some(c.into());
+        } else if c.type_ == "PodScheduled" && c.status == "False" && unscheduled.is_none() {
+            unscheduled = Some(c.into());
+        }
+    }
+    PeerStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        host_ip: s.host_ip,
+        reason: s.reason,
+        message: s.message,
+        init_running,
+        ready,
+        unscheduled,
+        waiting,
     }
 }
 

@@ -140,42 +140,16 @@ pub async fn follow<T>(
             });
         };
         for ev in batch {
-            match ev {
-                Ok(ev) => {
-                    if let watcher::Event::Delete(p) = &ev {
-                        gone = Some(p.name_any());
-                    }
-                    pods.apply(ev, store::key, |p| p);
-                }
-                Err(e) => {
-                    if let Some(fatal) = fatal_watch_error(&e, namespace) {
-                        return Err(fatal.into());
-                    }
-                    warn!(error = %crate::kube::root_cause(&e), "watching the resolver pod failed; retrying");
-                }
+            apply(&mut pods, ev, namespace, &mut gone)?;
+        }
+        let live = match speakers(&pods, gone.as_deref(), selector) {
+            Ok(live) => live,
+            Err(w) => {
+                behind_since = None;
+                why = w;
+                continue;
             }
-        }
-        // A pod being deleted or failed is no resolver: its annotation still holds the
-        // cluster it resolved, addresses of dead pods among them. One that Succeeded
-        // speaks for its last cluster where no live pod does (a late pod of a job whose
-        // resolver finished first).
-        let mut live: Vec<Pod> = pods.values().filter(|p| is_live(p)).cloned().collect();
-        if live.is_empty() {
-            live = pods.values().filter(|p| is_finished(p)).cloned().collect();
-        }
-        if live.is_empty() {
-            behind_since = None;
-            why = match (&gone, pods.values().next()) {
-                (_, Some(dead)) => {
-                    format!("{} and has no live replacement yet", why_not_live(dead))
-                }
-                (Some(name), None) => {
-                    format!("pod {name:?} was deleted and has no live replacement yet")
-                }
-                (None, None) => format!("no live pod matches {selector} yet"),
-            };
-            continue;
-        }
+        };
         let mut behind = false;
         for pod in &live {
             let w = match verify(pod).await {
@@ -198,4 +172,50 @@ pub async fn follow<T>(
             (true, Some(_)) => {}
         }
     }
+}
+
+/// One watch event into the store, the name of a deleted pod into `gone`. An error the
+/// watch cannot get past ends the follow; the others are logged while it backs off.
+fn apply(
+    pods: &mut Store<Pod>,
+    ev: watcher::Result<watcher::Event<Pod>>,
+    namespace: &str,
+    gone: &mut Option<String>,
+) -> Result<(), FollowError> {
+    match ev {
+        Ok(ev) => {
+            if let watcher::Event::Delete(p) = &ev {
+                *gone = Some(p.name_any());
+            }
+            pods.apply(ev, store::key, |p| p);
+        }
+        Err(e) => {
+            if let Some(fatal) = fatal_watch_error(&e, namespace) {
+                return Err(fatal.into());
+            }
+            warn!(error = %crate::kube::root_cause(&e), "watching the resolver pod failed; retrying");
+        }
+    }
+    Ok(())
+}
+
+/// The pods that speak for the resolver: the live ones, or where none is, those that
+/// Succeeded (a late pod of a job whose resolver finished first). A pod being deleted
+/// or failed is no resolver: its annotation still holds the cluster it resolved,
+/// addresses of dead pods among them. Where none speaks, why.
+fn speakers(pods: &Store<Pod>, gone: Option<&str>, selector: &str) -> Result<Vec<Pod>, String> {
+    let mut live: Vec<Pod> = pods.values().filter(|p| is_live(p)).cloned().collect();
+    if live.is_empty() {
+        live = pods.values().filter(|p| is_finished(p)).cloned().collect();
+    }
+    if !live.is_empty() {
+        return Ok(live);
+    }
+    Err(match (gone, pods.values().next()) {
+        (_, Some(dead)) => format!("{} and has no live replacement yet", why_not_live(dead)),
+        (Some(name), None) => {
+            format!("pod {name:?} was deleted and has no live replacement yet")
+        }
+        (None, None) => format!("no live pod matches {selector} yet"),
+    })
 }

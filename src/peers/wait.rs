@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use kube::Client;
 use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
@@ -128,25 +128,7 @@ async fn watch(
 ) -> Result<Resolved, WaitError> {
     // One watcher per distinct selector string; each delivers its own view.
     let selectors = selectors(resolver);
-    let api = scope.api(client);
-    let streams = selectors.iter().enumerate().map(|(i, sel)| {
-        // Streaming: the initial state as watch events. Else resourceVersion=0: the
-        // initial list is served from the API server's watch cache instead of a quorum
-        // read of etcd, and the watch then catches up.
-        let cfg = watcher::Config::default().labels(sel);
-        let cfg = if streaming {
-            cfg.streaming_lists()
-        } else {
-            cfg.any_semantic()
-        };
-        // PeerPod parses only the fields resolution reads (see cluster::slim).
-        watcher(api.clone(), cfg)
-            .backoff(retry_backoff())
-            .map(move |ev| (i, ev))
-            .boxed()
-    });
-    let mut events = stream::select_all(streams).ready_chunks(512);
-
+    let mut events = pod_events(client, scope, &selectors, streaming);
     let mut stores: Vec<Store<PeerPod>> = selectors.iter().map(|_| Store::default()).collect();
     let mut owners = OwnerCounts::default();
     let mut last: Option<Vec<Shortfall>> = None;
@@ -162,26 +144,7 @@ async fn watch(
                 shortfalls: last.unwrap_or_default(),
             });
         };
-        for (i, ev) in batch {
-            match ev {
-                Ok(ev) => stores[i].apply(ev, store::key, |p| p),
-                Err(e) => {
-                    if let Some(fatal) = fatal_watch_error(&e, scope.label()) {
-                        return Err(fatal.into());
-                    }
-                    if streaming
-                        && !stores[i].synced()
-                        && let Some(why) = streaming_refused(&e)
-                    {
-                        return Err(WaitError::StreamingUnsupported(why));
-                    }
-                    if last_error_log.elapsed() > Duration::from_secs(5) {
-                        warn!(error = %crate::kube::root_cause(&e), "watching pods failed; retrying with backoff");
-                        last_error_log = Instant::now();
-                    }
-                }
-            }
-        }
+        apply(&mut stores, batch, scope, streaming, &mut last_error_log)?;
         if !stores.iter().all(Store::synced) {
             continue;
         }
@@ -197,17 +160,8 @@ async fn watch(
             .collect();
 
         // Fill in the counts that --expect did not give, from the owning controllers.
-        for job in &resolver.jobs {
-            if at_least.is_some() || expected.contains_key(&job.task_type) {
-                continue;
-            }
-            if let Some(n) = owners
-                .expected_for(client, resolver, &job.task_type, &pods)
-                .await?
-            {
-                info!(task_type = %job.task_type, expected = n, "expected count from the owning controller");
-                expected.insert(job.task_type.clone(), n);
-            }
+        if at_least.is_none() {
+            fill_expected(client, resolver, &mut owners, &mut expected, &pods).await?;
         }
         // Derived counts may still be missing; `assess` reports those types as unknown.
         let assessment = match at_least {
@@ -235,6 +189,89 @@ async fn watch(
             }
         }
     }
+}
+
+/// The pods' watch events, from one watcher per selector, tagged with its index and
+/// taken in batches. Streaming: the initial state as watch events. Else
+/// resourceVersion=0: the initial list is served from the API server's watch cache
+/// instead of a quorum read of etcd, and the watch then catches up.
+fn pod_events(
+    client: &Client,
+    scope: &Scope,
+    selectors: &[String],
+    streaming: bool,
+) -> impl Stream<Item = Vec<(usize, watcher::Result<watcher::Event<PeerPod>>)>> + Unpin + use<> {
+    let api = scope.api(client);
+    let streams = selectors.iter().enumerate().map(|(i, sel)| {
+        let cfg = watcher::Config::default().labels(sel);
+        let cfg = if streaming {
+            cfg.streaming_lists()
+        } else {
+            cfg.any_semantic()
+        };
+        // PeerPod parses only the fields resolution reads (see cluster::slim).
+        watcher(api.clone(), cfg)
+            .backoff(retry_backoff())
+            .map(move |ev| (i, ev))
+            .boxed()
+    });
+    stream::select_all(streams).ready_chunks(512)
+}
+
+/// One batch of watch events into the stores. An error the watch cannot get past ends
+/// the wait; the others are logged (at most every 5 s) while the watcher backs off.
+fn apply(
+    stores: &mut [Store<PeerPod>],
+    batch: Vec<(usize, watcher::Result<watcher::Event<PeerPod>>)>,
+    scope: &Scope,
+    streaming: bool,
+    last_error_log: &mut Instant,
+) -> Result<(), WaitError> {
+    for (i, ev) in batch {
+        match ev {
+            Ok(ev) => stores[i].apply(ev, store::key, |p| p),
+            Err(e) => {
+                if let Some(fatal) = fatal_watch_error(&e, scope.label()) {
+                    return Err(fatal.into());
+                }
+                if streaming
+                    && !stores[i].synced()
+                    && let Some(why) = streaming_refused(&e)
+                {
+                    return Err(WaitError::StreamingUnsupported(why));
+                }
+                if last_error_log.elapsed() > Duration::from_secs(5) {
+                    warn!(error = %crate::kube::root_cause(&e), "watching pods failed; retrying with backoff");
+                    *last_error_log = Instant::now();
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The counts of the task types that `--expect` did not give, from the controllers
+/// that own their pods, where they tell.
+async fn fill_expected(
+    client: &Client,
+    resolver: &Resolver,
+    owners: &mut OwnerCounts,
+    expected: &mut BTreeMap<String, usize>,
+    pods: &[&PeerPod],
+) -> Result<(), WaitError> {
+    for job in &resolver.jobs {
+        if expected.contains_key(&job.task_type) {
+            continue;
+        }
+        if let Some(n) = owners
+            .expected_for(client, resolver, &job.task_type, pods)
+            .await?
+        {
+            info!(task_type = %job.task_type, expected = n, "expected count from the owning controller");
+            expected.insert(job.task_type.clone(), n);
+        }
+    }
+    Ok(())
 }
 
 /// How the watch retries while the API server is away: 100 ms doubling to 500 ms,
