@@ -11,10 +11,11 @@ use super::{Engine, Mode};
 use crate::flags;
 use crate::metrics::{ContainerLabel, GpuLabel, PortLabel};
 use crate::peers::drift as peer_watch;
+use crate::report::document::{Health, Report};
 use crate::report::pod;
 use crate::report::probe::gpu::{Expected, GpuStatus};
 use crate::report::probe::ports::PortState;
-use crate::report::state::{Health, Observed, Report};
+use crate::report::state::Observed;
 
 impl Engine {
     /// Builds the report from the latest observations, updates the metrics, and

@@ -16,8 +16,9 @@ use crate::handover::observation::{
 use crate::metrics::{ReasonLabel, XidLabel};
 use crate::publish::keys;
 use crate::reason::Reason;
+use crate::report::document::ExecMark;
+use crate::report::previous::Previous;
 use crate::report::probe::ports::PortEntry;
-use crate::report::state::{ExecMark, Previous};
 
 /// At most this many `GPUXidError` Events for one XID from one version: a counter
 /// that jumps by thousands is counted in full, not announced thousands of times.

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::args::{ClusterArgs, OutputArgs, StallArgs};
+use super::args::{ClusterArgs, OutputArgs};
 use super::defaults;
+use super::exec_args::StallArgs;
 use super::values::{FailureAction, PeerChange, whole};
 use crate::flags;
 

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod defaults;
+pub mod exec_args;
 pub mod explain;
 pub mod inject_args;
 pub mod lower;
@@ -34,7 +35,8 @@ mod inject_tests;
 use clap::{Parser, Subcommand};
 
 use crate::flags;
-use args::{ExecArgs, GpusArgs, InitArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs};
+use args::{GpusArgs, InitArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs};
+use exec_args::ExecArgs;
 use inject_args::InjectArgs;
 use values::Logs;
 

@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::time::SystemTime;
 
 use crate::agent;
-use crate::cli::args::ExecArgs;
+use crate::cli::exec_args::ExecArgs;
 use crate::cli::values::{FailureAction, PeerChange};
 use crate::cli::{explain, lower};
 use crate::render::frameworks;

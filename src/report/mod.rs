@@ -13,8 +13,10 @@
 //! status as the only OOM source. None of them stops the others.
 
 pub mod budget;
+pub mod document;
 pub mod outbox;
 pub mod pod;
+pub mod previous;
 pub mod probe;
 pub mod state;
 pub mod transitions;

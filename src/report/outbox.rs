@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::budget;
-use super::state::Note;
+use super::transitions::Note;
 use crate::cluster::published::ANNOTATION as RESOLUTION;
 use crate::metrics::{Metrics, Readiness, ReasonLabel};
 use crate::publish::{self, EventBudget, Publisher, Throttle, TokenBucket, keys};

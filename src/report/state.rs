@@ -11,132 +11,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
 pub use super::budget::REPORT_MAX;
-pub use super::transitions::{Announced, Note, peer_transitions, transitions};
+use super::document::{ExecMark, GpuSection, Health, OomSection, Report, XidCount};
+use super::previous::Previous;
+use super::transitions::{Announced, Note, peer_transitions, transitions};
 use crate::cluster::drift::{ClusterStatus, Drift};
 use crate::publish::keys;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
-use crate::report::probe::gpu::{self, Expected, GpuDevice, GpuFault, GpuInfo, GpuStatus};
+use crate::report::probe::gpu::{self, Expected, GpuInfo, GpuStatus};
 use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::{self, PortEntry, PortState};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    Ok,
-    Degraded,
-}
-
-impl Health {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Health::Ok => "ok",
-            Health::Degraded => "degraded",
-        }
-    }
-}
-
-/// The GPU part of the report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuSection {
-    pub count: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expected: Option<Expected>,
-    pub status: GpuStatus,
-    pub nvml: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub driver: Option<String>,
-    pub devices: Vec<GpuDevice>,
-    /// GPUs NVML counts but cannot query (lost, needing a reset), while they are.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub faulty: Vec<GpuFault>,
-    /// Which GPUs NVML's event API watches for XID errors, once registered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub xid_watch: Option<XidWatch>,
-    /// Why GPUs that were seen are gone, while they are.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lost: Option<String>,
-    /// Every XID error since trainlet started, counted.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub xid_errors: Vec<XidCount>,
-    /// XID errors of (GPU, XID) pairs past the ledger's cap, counted together.
-    #[serde(skip_serializing_if = "is_zero_u64")]
-    pub xid_errors_other: u64,
-    /// Why the count is unknown, while it is (status `unknown`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unknown: Option<String>,
-}
-
-/// What the sidecar has published from `trainlet exec`'s observations: the run of exec
-/// (`epoch`), its last kill and its restarts announced. Read back after a restart of
-/// the sidecar, so that nothing is announced twice.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ExecMark {
-    pub epoch: String,
-    pub kills: u64,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub restarts: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
-}
-
-/// One GPU's XID and how often it occurred.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct XidCount {
-    #[serde(flatten)]
-    pub error: XidError,
-    pub count: u64,
-}
-
-/// The OOM part of the report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OomSection {
-    /// Total kills since trainlet started.
-    pub kills: u64,
-    pub by_container: BTreeMap<String, u64>,
-    /// What is watched, e.g. `cgroup v1 /sys/fs/cgroup/memory/... (eventfd)`, and pod
-    /// status.
-    pub sources: Vec<String>,
-    /// The most recent kills, oldest first.
-    pub recent: Vec<OomKill>,
-}
-
-/// Everything trainlet knows, as published in `trainlet.io/report`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Report {
-    pub health: Health,
-    /// Why `degraded`; empty when ok.
-    pub reasons: Vec<String>,
-    /// `sidecar` or `exec`.
-    pub mode: &'static str,
-    /// The training container.
-    pub container: String,
-    /// When trainlet started (RFC 3339): the OOM count runs from here.
-    pub since: String,
-    pub gpu: GpuSection,
-    pub ports: Vec<PortEntry>,
-    pub oom: OomSection,
-    /// Probes that failed, by probe: their part of the report is partial.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub errors: BTreeMap<String, String>,
-    /// The sidecar publishes `trainlet exec`'s observations: see [`ExecMark`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exec: Option<ExecMark>,
-    /// The peer watch: `current`, or `stale: worker/1 10.0.0.7 → 10.0.0.19`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<ClusterStatus>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-}
 
 /// What the probes observed, the input of [`assemble`].
 #[derive(Debug, Clone)]
@@ -382,39 +267,6 @@ pub struct Step {
     pub summary: Option<String>,
 }
 
-/// What a reporter published before it restarted, read back from the pod's
-/// `trainlet.io/report`: only the parts that decide what was already announced.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Previous {
-    #[serde(default)]
-    pub gpu: PreviousGpu,
-    #[serde(default)]
-    pub ports: Vec<PortEntry>,
-    #[serde(default)]
-    pub exec: Option<ExecMark>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct PreviousGpu {
-    #[serde(default)]
-    pub status: Option<GpuStatus>,
-    #[serde(default)]
-    pub count: u32,
-    #[serde(default)]
-    pub lost: Option<String>,
-    #[serde(default)]
-    pub faulty: Vec<GpuFault>,
-    #[serde(default)]
-    pub xid_errors: Vec<XidCount>,
-}
-
-impl Previous {
-    /// `None` when the pod carries no report, or one this version cannot read.
-    pub fn parse(report_json: &str) -> Option<Previous> {
-        serde_json::from_str(report_json).ok()
-    }
-}
-
 impl State {
     /// Starts from what the pod already says, so that a restarted reporter does not
     /// announce again what the pod's Events already told.
@@ -502,7 +354,7 @@ fn summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::probe::gpu::{FaultKind, Unavailable};
+    use crate::report::probe::gpu::{FaultKind, GpuDevice, GpuFault, Unavailable};
     use crate::report::probe::ports::{ConflictReason, Owner};
 
     fn gpus(n: u32) -> GpuInfo {

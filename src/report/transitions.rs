@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::state::Report;
+use super::document::Report;
 use crate::cluster::drift::{self, Drift, Held};
 use crate::report::probe::gpu::{self, GpuInfo, GpuStatus};
 use crate::report::probe::ports;

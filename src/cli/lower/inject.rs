@@ -13,7 +13,6 @@ use crate::Failure;
 use crate::flags;
 use crate::inject::quantity::{is_quantity, millibytes};
 use crate::inject::transform::Metrics;
-use crate::inject::transform::admission::Settings;
 use crate::inject::transform::hostnet::addr_port;
 use crate::inject::{Infer, InjectConfig, Resources};
 
@@ -206,7 +205,7 @@ fn paths(o: &OutputArgs) -> Result<(String, String), Failure> {
 
 /// The sidecar's metrics endpoint: `--metrics-addr` (checked by its rule before), written
 /// into the sidecar's arguments where it is not the sidecar's default.
-fn metrics(given: Option<&str>) -> Metrics {
+pub(super) fn metrics(given: Option<&str>) -> Metrics {
     let default = defaults::metrics_addr();
     let addr = given.unwrap_or(&default);
     Metrics {
@@ -231,68 +230,12 @@ fn sidecar_port(port: Option<u16>, tensorflow_only: bool) -> Vec<String> {
 /// --output-dir, whose default is the default mount path; the sidecar serves the pod's
 /// metrics, so the in-process reporters of
 /// `exec --report` must not bind the same port in the same pod.
-fn wrap_env(output_dir: &str) -> Vec<(String, String)> {
+pub(super) fn wrap_env(output_dir: &str) -> Vec<(String, String)> {
     (output_dir != defaults::OUTPUT_DIR)
         .then(|| ("TRAINLET_OUTPUT_DIR".to_string(), output_dir.to_string()))
         .into_iter()
         .chain([("TRAINLET_METRICS_ADDR".to_string(), "off".to_string())])
         .collect()
-}
-
-/// `inject --admission-policy`: what the policy adds (image, resources, ServiceAccount;
-/// the rest at its defaults) and the settings it reads from each pod's annotations:
-/// the flags `inject` writes into `trainlet init` and `trainlet exec`, in its order
-/// ([`init_flags`], [`exec_flags`]), each with its default, which is not written.
-pub fn admission_config(a: &InjectArgs) -> Result<(InjectConfig, Settings), Failure> {
-    let c = &a.cluster;
-    let given = [
-        (
-            !c.jobs.is_empty() || c.job_to_label_mapping.is_some(),
-            flags::JOB,
-        ),
-        (!c.expect.is_empty(), flags::EXPECT),
-        (a.wrap.is_some(), flags::WRAP),
-        (a.stall.stall_after.is_some(), flags::STALL_AFTER),
-        (a.failure_policy, flags::FAILURE_POLICY),
-        (a.classic_sidecar, flags::CLASSIC_SIDECAR),
-        (a.shm_size.is_some(), flags::SHM_SIZE),
-        (a.metrics_addr.is_some(), flags::METRICS_ADDR),
-        (a.filename.is_some(), flags::FILENAME),
-    ];
-    if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
-        return Err(Failure::usage(format!(
-            "--{flag} is not for --{}: the policy reads each pod's settings from its annotations (trainlet.io/<flag>); it takes --image, --resources and --service-account",
-            flags::ADMISSION_POLICY
-        )));
-    }
-    if a.image.trim().is_empty() {
-        return Err(Failure::usage(
-            "invalid --image \"\": give an image reference",
-        ));
-    }
-    let output_dir = defaults::OUTPUT_DIR.to_string();
-    let install_to = format!("{output_dir}/bin");
-    let cfg = InjectConfig {
-        image: a.image.trim().to_string(),
-        init_args: Vec::new(),
-        sidecar_args: Vec::new(),
-        wrap_env: wrap_env(&output_dir),
-        metrics: metrics(None),
-        host_network: false,
-        output_dir,
-        observations_dir: defaults::OBSERVATIONS_DIR.to_string(),
-        install_to: install_to.clone(),
-        classic_sidecar: false,
-        failure_policy: false,
-        permanent_exit_codes: None,
-        wrap: None,
-        service_account: a.service_account.clone(),
-        exec_args: Vec::new(),
-        resources: resources(&a.resources)?,
-        shm_size: None,
-        infer: None,
-    };
-    Ok((cfg, settings(&install_to)))
 }
 
 /// The flags of the wrapped container's `trainlet exec`: `--report`, and those that
@@ -343,7 +286,7 @@ fn exec_flags(a: &InjectArgs) -> Vec<String> {
 }
 
 /// `--resources cpu=Q,memory=Q`: either may be left out, keeping its default.
-fn resources(spec: &str) -> Result<Resources, Failure> {
+pub(super) fn resources(spec: &str) -> Result<Resources, Failure> {
     let bad = |why: String| Failure::usage(format!("invalid --resources {spec:?}: {why}"));
     let mut r = Resources {
         cpu: String::new(),

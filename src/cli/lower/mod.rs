@@ -9,6 +9,7 @@
 //!
 //! [`args`]: super::args
 
+mod admission;
 mod cluster;
 mod inject;
 mod report;
@@ -25,8 +26,9 @@ use crate::flags;
 use crate::inject::transform::admission::Rule;
 use crate::kube;
 
+pub use admission::admission_config;
 pub use cluster::{cluster_config, framework_config, init_config, master_query};
-pub use inject::{admission_config, inject_config};
+pub use inject::inject_config;
 pub use report::{
     exec_permanent_codes, exec_report_config, progress_watch, report_config, sidecar_config,
 };

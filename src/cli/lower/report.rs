@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::super::args::{ExecArgs, KubeArgs, ReportArgs, SidecarArgs, StallArgs};
+use super::super::args::{KubeArgs, ReportArgs, SidecarArgs};
 use super::super::defaults;
+use super::super::exec_args::{ExecArgs, StallArgs};
 use super::super::values::{FailureAction, Flag, PeerChange};
 use super::{kube_settings, parse_duration};
 use crate::Failure;
