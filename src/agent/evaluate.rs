@@ -15,7 +15,7 @@ use crate::report::document::{Health, Report};
 use crate::report::pod;
 use crate::report::probe::gpu::{Expected, GpuStatus};
 use crate::report::probe::ports::PortState;
-use crate::report::state::Observed;
+use crate::report::state::{Observed, Step};
 
 impl Engine {
     /// Builds the report from the latest observations, updates the metrics, and
@@ -35,46 +35,34 @@ impl Engine {
         let exec_gpu;
         let mut ports = Cow::Borrowed(&self.probes.listeners.states);
         let mut unknown = None;
-        let (gpu, gpus_seen, gpu_lost, xid_watch) = match self
-            .inbox
-            .as_ref()
-            .and_then(|i| i.fresh(now))
-        {
-            Some(o) => {
-                exec_gpu = o.gpu_info();
-                ports.to_mut().extend(o.port_states());
-                for (k, v) in &o.errors {
-                    errors.insert(format!("exec {k}"), v.clone());
+        let (gpu, gpus_seen, gpu_lost, xid_watch) =
+            match self.inbox.as_ref().and_then(|i| i.fresh(now)) {
+                Some(o) => {
+                    exec_gpu = o.gpu_info();
+                    ports.to_mut().extend(o.port_states());
+                    for (k, v) in &o.errors {
+                        errors.insert(format!("exec {k}"), v.clone());
+                    }
+                    sources.push(format!(
+                        "trainlet exec in container {container} (observations)"
+                    ));
+                    (
+                        &exec_gpu,
+                        o.gpu.seen,
+                        o.gpu.lost.as_deref(),
+                        o.gpu.xid_watch.as_ref(),
+                    )
                 }
-                sources.push(format!(
-                    "trainlet exec in container {container} (observations)"
-                ));
-                (
-                    &exec_gpu,
-                    o.gpu.seen,
-                    o.gpu.lost.as_deref(),
-                    o.gpu.xid_watch.as_ref(),
-                )
-            }
-            None => {
-                if self.cfg.mode == Mode::Sidecar && !self.probes.gpus.own() {
-                    unknown = Some(match &self.inbox {
-                        Some(i) => i.why_unknown(&self.probes.gpus.info.nvml_status(), now),
-                        None => format!(
-                            "this sidecar has no GPU of its own (NVML: {}) and no observations from trainlet exec (--{})",
-                            self.probes.gpus.info.nvml_status(),
-                            flags::OBSERVATIONS
-                        ),
-                    });
+                None => {
+                    unknown = self.gpus_unknown(now);
+                    (
+                        &self.probes.gpus.info,
+                        self.probes.gpus.seen,
+                        self.probes.gpus.lost.as_deref(),
+                        self.probes.gpus.watch.as_ref(),
+                    )
                 }
-                (
-                    &self.probes.gpus.info,
-                    self.probes.gpus.seen,
-                    self.probes.gpus.lost.as_deref(),
-                    self.probes.gpus.watch.as_ref(),
-                )
-            }
-        };
+            };
         let mark = self.exec_mark();
         let unpublished = self
             .republish
@@ -108,10 +96,33 @@ impl Engine {
                 .filter(|_| !self.view.deleting()),
             unpublished: unpublished.as_deref(),
         });
+        self.update_metrics(&step.report, expected.as_ref(), &ports, container);
+        self.publish(step);
+        self.schedule();
+    }
+
+    /// A sidecar without GPUs of its own and without fresh observations from exec:
+    /// why the count is unknown.
+    fn gpus_unknown(&self, now: SystemTime) -> Option<String> {
+        if self.cfg.mode != Mode::Sidecar || self.probes.gpus.own() {
+            return None;
+        }
+        Some(match &self.inbox {
+            Some(i) => i.why_unknown(&self.probes.gpus.info.nvml_status(), now),
+            None => format!(
+                "this sidecar has no GPU of its own (NVML: {}) and no observations from trainlet exec (--{})",
+                self.probes.gpus.info.nvml_status(),
+                flags::OBSERVATIONS
+            ),
+        })
+    }
+
+    /// One evaluation's outcome into the outbox: its Events, and the annotations (the
+    /// report, the resolution, the progress) once the first report need not wait.
+    fn publish(&mut self, step: Step) {
         if let Some(summary) = &step.summary {
             info!(devices = ?step.report.gpu.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "report: {summary}");
         }
-        self.update_metrics(&step.report, expected.as_ref(), &ports, container);
         for n in step.events {
             warn!(reason = n.0, "{}", n.1);
             self.outbox.push(n, false);
@@ -119,25 +130,29 @@ impl Engine {
         if step.urgent {
             self.outbox.hurry();
         }
-        // The first report waits (a little) for the peer watch's first list, so that it
-        // already says whether the cluster is current, and for NVML's event
-        // registration, so that it says which GPUs are watched: one patch, not two.
+        if self.first_report_waits() {
+            return;
+        }
+        let mut annotations = step.annotations;
+        if let Some(text) = self.resolution() {
+            annotations.insert(crate::cluster::published::ANNOTATION.into(), Some(text));
+        }
+        if let Some(text) = self.progress_annotation() {
+            annotations.insert(crate::publish::keys::PROGRESS.into(), Some(text));
+        }
+        self.outbox.want(annotations);
+        self.once.evaluated = true;
+    }
+
+    /// The first report waits (a little) for the peer watch's first list, so that it
+    /// already says whether the cluster is current, and for NVML's event registration,
+    /// so that it says which GPUs are watched: one patch, not two.
+    fn first_report_waits(&self) -> bool {
         let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
             && self.clock.at.elapsed() < peer_watch::FIRST_LIST_WAIT;
         let gpus_pending = self.probes.gpus.registering()
             && self.clock.at.elapsed() < super::gpu::REGISTRATION_WAIT;
-        if !peers_pending && !gpus_pending {
-            let mut annotations = step.annotations;
-            if let Some(text) = self.resolution() {
-                annotations.insert(crate::cluster::published::ANNOTATION.into(), Some(text));
-            }
-            if let Some(text) = self.progress_annotation() {
-                annotations.insert(crate::publish::keys::PROGRESS.into(), Some(text));
-            }
-            self.outbox.want(annotations);
-            self.once.evaluated = true;
-        }
-        self.schedule();
+        peers_pending || gpus_pending
     }
 
     pub(super) fn schedule(&mut self) {

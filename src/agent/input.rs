@@ -116,21 +116,7 @@ impl Engine {
         cmd: Option<&mut Child>,
     ) {
         match input {
-            Input::Signal(sig) => match (sig, cmd) {
-                (Some(signal::SIGCHLD), Some(child)) => child.reap(),
-                (Some(signal::SIGCHLD), None) => {}
-                (Some(s), Some(child)) => {
-                    child.forward(s);
-                    // The kubelet stops the container: CMD's exit ends exec, and no
-                    // peer change restarts it.
-                    self.life.terminating |= signal::STOP.contains(&s);
-                }
-                (Some(s), None) => {
-                    info!("{}: stopping", signal::name(s));
-                    self.life.stop = true;
-                }
-                (None, _) => self.life.stop = true,
-            },
+            Input::Signal(sig) => self.on_signal(sig, cmd),
             Input::Pod(Some(Ok(pod))) => {
                 self.on_pod(pod);
                 self.refresh();
@@ -171,28 +157,7 @@ impl Engine {
                 self.refresh();
             }
             Input::Fast { period } => {
-                if self
-                    .probes
-                    .oom
-                    .recheck_until
-                    .is_some_and(|t| t <= Instant::now())
-                {
-                    self.probes.oom.recheck_until = None;
-                }
-                let before = self.probes.oom.ledger.total;
-                self.check_oom(false).await;
-                if self.cfg.mode == Mode::Exec
-                    && self
-                        .probes
-                        .oom
-                        .tree_at
-                        .is_none_or(|t| t.elapsed() >= oom_watch::TREE_REFRESH)
-                {
-                    self.probes.oom.refresh_tree();
-                }
-                if self.probes.oom.ledger.total != before {
-                    self.refresh();
-                }
+                self.on_fast_tick().await;
                 wake.next_fast = Instant::now() + period;
             }
             Input::Growth => {
@@ -200,6 +165,52 @@ impl Engine {
                 wake.next_growth = Instant::now() + oom_watch::GROWTH_POLL;
             }
             Input::Publish => self.outbox.send(&self.metrics, &self.ready).await,
+        }
+    }
+
+    /// A signal: SIGCHLD reaps CMD; any other is forwarded to CMD, and one that stops
+    /// the container means CMD's exit ends exec, with no peer change restarting it.
+    /// Without CMD (the sidecar), a signal stops the agent.
+    fn on_signal(&mut self, sig: Option<i32>, cmd: Option<&mut Child>) {
+        match (sig, cmd) {
+            (Some(signal::SIGCHLD), Some(child)) => child.reap(),
+            (Some(signal::SIGCHLD), None) => {}
+            (Some(s), Some(child)) => {
+                child.forward(s);
+                self.life.terminating |= signal::STOP.contains(&s);
+            }
+            (Some(s), None) => {
+                info!("{}: stopping", signal::name(s));
+                self.life.stop = true;
+            }
+            (None, _) => self.life.stop = true,
+        }
+    }
+
+    /// The fast OOM check, while a kill may be on its way: the kill counters, and in
+    /// exec CMD's process tree now and then, so that a victim can be named.
+    async fn on_fast_tick(&mut self) {
+        if self
+            .probes
+            .oom
+            .recheck_until
+            .is_some_and(|t| t <= Instant::now())
+        {
+            self.probes.oom.recheck_until = None;
+        }
+        let before = self.probes.oom.ledger.total;
+        self.check_oom(false).await;
+        if self.cfg.mode == Mode::Exec
+            && self
+                .probes
+                .oom
+                .tree_at
+                .is_none_or(|t| t.elapsed() >= oom_watch::TREE_REFRESH)
+        {
+            self.probes.oom.refresh_tree();
+        }
+        if self.probes.oom.ledger.total != before {
+            self.refresh();
         }
     }
 

@@ -173,23 +173,7 @@ impl Engine {
             (Role::Sidecar { relays: true }, Some(f)) => peers_file::Outgoing::new(f),
             _ => None,
         };
-        let peers_in = match (role, &cfg.cluster_file) {
-            // peers.json tells of peer changes and of peers' stalls.
-            // The stall rule reads the peers' progress too.
-            (Role::Exec(Exec::HandOver), Some(f))
-                if cfg.restart.on_change != OnPeerChange::Report
-                    || cfg.restart.on_stall != OnStall::Report
-                    || cfg.restart.on_failure == OnFailure::Restart
-                    || cfg
-                        .progress
-                        .as_ref()
-                        .is_some_and(|p| p.stall_after.is_some()) =>
-            {
-                f.parent()
-                    .map(|d| peers_file::Incoming::new(d.to_path_buf()))
-            }
-            _ => None,
-        };
+        let peers_in = peers_in(&cfg, role);
         let watching = match (role, &cfg.progress) {
             (Role::Exec(_), Some(p)) => Some(crate::stall::watching::Watching::new(
                 p,
@@ -402,4 +386,23 @@ impl Engine {
             }
         }
     }
+}
+
+/// Where exec, handing over, reads what the sidecar tells of its peers (peers.json):
+/// when a peer's change, stall or failure acts on CMD, or the stall rule reads the
+/// peers' progress.
+fn peers_in(cfg: &Config, role: Role) -> Option<peers_file::Incoming> {
+    let f = cfg.cluster_file.as_deref()?;
+    let hears = role == Role::Exec(Exec::HandOver)
+        && (cfg.restart.on_change != OnPeerChange::Report
+            || cfg.restart.on_stall != OnStall::Report
+            || cfg.restart.on_failure == OnFailure::Restart
+            || cfg
+                .progress
+                .as_ref()
+                .is_some_and(|p| p.stall_after.is_some()));
+    hears
+        .then(|| f.parent())
+        .flatten()
+        .map(|d| peers_file::Incoming::new(d.to_path_buf()))
 }

@@ -18,6 +18,7 @@ use crate::publish::keys;
 use crate::reason::Reason;
 use crate::report::document::ExecMark;
 use crate::report::previous::Previous;
+use crate::report::probe::gpu::xid::XidError;
 use crate::report::probe::ports::PortEntry;
 
 /// At most this many `GPUXidError` Events for one XID from one version: a counter
@@ -217,62 +218,16 @@ impl Engine {
     /// Sidecar: reads the observation file; announces what a new version adds.
     /// Returns whether anything changed.
     pub(super) fn read_observations(&mut self) -> bool {
-        let Some(inbox) = self.inbox.as_mut() else {
+        let Some(o) = self.new_observation() else {
             return false;
         };
-        let version = match handover::read(&inbox.dir) {
-            Ok(None) => return false,
-            Ok(Some(v)) => v,
-            Err(rejected) => {
-                self.metrics
-                    .observations_rejected
-                    .get_or_create(&ReasonLabel {
-                        reason: rejected.reason().into(),
-                    })
-                    .inc();
-                let why = rejected.to_string();
-                if inbox.rejected.as_ref() != Some(&why) {
-                    warn!(
-                        "rejected an observation from the training container: {why}; keeping the last good one"
-                    );
-                    inbox.rejected = Some(why);
-                }
-                return false;
-            }
-        };
-        inbox.rejected = None;
-        if inbox
-            .last
-            .as_ref()
-            .is_some_and(|l| l.observation == version.observation)
-        {
-            inbox.last = Some(version);
-            return false;
-        }
-        self.metrics.observations.inc();
-        let o = version.observation.clone();
-        if inbox.last.is_none() {
-            info!(epoch = %o.epoch, dir = %inbox.dir.display(), "reading trainlet exec's observations");
-        }
-        inbox.last = Some(version);
         let container = self.container_name();
         let now = SystemTime::now();
-        let inbox = self.inbox.as_mut().expect("checked above");
-        if let Some((epoch, upto)) = inbox.seed_kills.take() {
-            if epoch == o.epoch {
-                for k in o.kills.iter().filter(|k| k.seq <= upto) {
-                    self.probes
-                        .oom
-                        .ledger
-                        .record_cgroup(k.to_kill(&container), now);
-                }
-            } else {
-                // exec started again since that report (its container was restarted,
-                // or the whole pod: Kubernetes' RestartAllContainers), with observations
-                // of its own: the kills the report counted are in no file any more.
-                self.probes.oom.ledger.carry(&container, upto);
-            }
-        }
+        self.seed_kills(&o, &container, now);
+        let inbox = self
+            .inbox
+            .as_mut()
+            .expect("a new observation comes from the inbox");
         let news = handover::news(&mut inbox.published, &o);
         let group = o.progress.as_ref().map_or((None, false, None), |p| {
             (p.started_ms, p.down, p.failed.as_ref().map(|f| f.since_ms))
@@ -302,7 +257,84 @@ impl Engine {
             self.probes.oom.ledger.record_cgroup(kill.clone(), now);
             self.announce_kill(&kill, urgent);
         }
-        for (e, n) in news.xids {
+        self.announce_xids(news.xids, urgent);
+        if let Some(note) = news.restart {
+            // Its own stall is exec's to see: a restart of a stalled CMD is explained.
+            // So is its own failure (--on-failure restart), which it hands over first.
+            let own_stall = stalled || news.stall.is_some() || own_failure;
+            self.announce_restart(note, own_stall, urgent);
+        }
+        true
+    }
+
+    /// Sidecar: the observation file's version when it is new; a rejected one is
+    /// counted and logged once, and the last good one stays.
+    fn new_observation(&mut self) -> Option<Observation> {
+        let inbox = self.inbox.as_mut()?;
+        let version = match handover::read(&inbox.dir) {
+            Ok(None) => return None,
+            Ok(Some(v)) => v,
+            Err(rejected) => {
+                self.metrics
+                    .observations_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: rejected.reason().into(),
+                    })
+                    .inc();
+                let why = rejected.to_string();
+                if inbox.rejected.as_ref() != Some(&why) {
+                    warn!(
+                        "rejected an observation from the training container: {why}; keeping the last good one"
+                    );
+                    inbox.rejected = Some(why);
+                }
+                return None;
+            }
+        };
+        inbox.rejected = None;
+        if inbox
+            .last
+            .as_ref()
+            .is_some_and(|l| l.observation == version.observation)
+        {
+            inbox.last = Some(version);
+            return None;
+        }
+        self.metrics.observations.inc();
+        let o = version.observation.clone();
+        if inbox.last.is_none() {
+            info!(epoch = %o.epoch, dir = %inbox.dir.display(), "reading trainlet exec's observations");
+        }
+        inbox.last = Some(version);
+        Some(o)
+    }
+
+    /// Sidecar, on the first observation after its own restart: the kills its last
+    /// report counted, from the observation of the same run of exec, or carried over
+    /// where exec started again since.
+    fn seed_kills(&mut self, o: &Observation, container: &str, now: SystemTime) {
+        let Some((epoch, upto)) = self.inbox.as_mut().and_then(|i| i.seed_kills.take()) else {
+            return;
+        };
+        if epoch == o.epoch {
+            for k in o.kills.iter().filter(|k| k.seq <= upto) {
+                self.probes
+                    .oom
+                    .ledger
+                    .record_cgroup(k.to_kill(container), now);
+            }
+        } else {
+            // exec started again since that report (its container was restarted, or
+            // the whole pod: Kubernetes' RestartAllContainers), with observations of
+            // its own: the kills the report counted are in no file any more.
+            self.probes.oom.ledger.carry(container, upto);
+        }
+    }
+
+    /// Sidecar: XID errors exec saw, counted, each announced (at most
+    /// [`XID_EVENTS_PER_VERSION`] Events per version).
+    fn announce_xids(&mut self, xids: Vec<(XidError, u64)>, urgent: bool) {
+        for (e, n) in xids {
             self.log_news(&format!("{} ({n} new)", e.message()));
             self.probes.gpus.xids.add(e.clone(), n);
             self.metrics
@@ -314,33 +346,31 @@ impl Engine {
                     .push((Reason::GpuXidError.as_str(), e.message()), urgent);
             }
         }
-        if let Some(note) = news.restart {
-            // exec restarts CMD only on the sidecar's word that the cluster changed: a
-            // restart the sidecar never asked for is not counted
-            // ([`crate::peerchange::protocol::Relay::explains_restart`]).
-            // Its own stall is exec's to see: a restart of a stalled CMD is explained.
-            // So is its own failure (--on-failure restart), which it hands over first.
-            let own_stall = stalled || news.stall.is_some() || own_failure;
-            let explained = match self.peers_out.as_mut() {
-                Some(o) => o.relay.explains_restart(own_stall),
-                None => own_stall,
-            };
-            if explained {
-                self.log_news(&note);
-                self.announce(Reason::Restarting, note, urgent);
-            } else {
-                self.metrics
-                    .observations_rejected
-                    .get_or_create(&ReasonLabel {
-                        reason: "restart-unexplained".into(),
-                    })
-                    .inc();
-                warn!(
-                    "trainlet exec reports a restart of its command, but this sidecar told it of no peer change since the last one; not announced"
-                );
-            }
+    }
+
+    /// Sidecar: a restart of CMD that exec reports. exec restarts CMD only on the
+    /// sidecar's word that the cluster changed, so a restart the sidecar never asked
+    /// for is not counted ([`crate::peerchange::protocol::Relay::explains_restart`]),
+    /// unless it was exec's own (`own_stall`: its stall or its failure).
+    fn announce_restart(&mut self, note: String, own_stall: bool, urgent: bool) {
+        let explained = match self.peers_out.as_mut() {
+            Some(o) => o.relay.explains_restart(own_stall),
+            None => own_stall,
+        };
+        if explained {
+            self.log_news(&note);
+            self.announce(Reason::Restarting, note, urgent);
+        } else {
+            self.metrics
+                .observations_rejected
+                .get_or_create(&ReasonLabel {
+                    reason: "restart-unexplained".into(),
+                })
+                .inc();
+            warn!(
+                "trainlet exec reports a restart of its command, but this sidecar told it of no peer change since the last one; not announced"
+            );
         }
-        true
     }
 
     /// Sidecar: what the report says about the observations it publishes.

@@ -17,6 +17,7 @@ use crate::peerchange::file::{
     VERSION,
 };
 use crate::peerchange::protocol::Waiting;
+use crate::peers::drift as peer_watch;
 use crate::render;
 use crate::signal::{self, Signals};
 
@@ -171,41 +172,7 @@ impl Engine {
         }
         // The own pod's stall is exec's own to see: only the others' are passed on.
         let own = self.view.pod.as_ref().and_then(|p| p.metadata.name.clone());
-        let stalled: Vec<StalledPeer> = watch
-            .stalled()
-            .into_iter()
-            .filter(|s| Some(&s.pod) != own.as_ref())
-            .take(MAX_STALLED)
-            .map(|s| StalledPeer {
-                since_ms: crate::time::to_ms(s.since),
-                pod: s.pod,
-                ongoing: s.ongoing,
-            })
-            .collect();
-        let others = |pod: &String| Some(pod) != own.as_ref();
-        let mut failures = watch.failures();
-        failures.sort_by_key(|f| f.since);
-        let failed: Vec<FailedPeer> = failures
-            .into_iter()
-            .filter(|f| others(&f.pod))
-            .take(MAX_STALLED)
-            .map(|f| FailedPeer {
-                since_ms: crate::time::to_ms(f.since),
-                pod: f.pod,
-                note: f.note,
-            })
-            .collect();
-        let runs: Vec<PeerRunState> = watch
-            .runs()
-            .into_iter()
-            .filter(|r| others(&r.pod))
-            .take(MAX_RUNS)
-            .map(|r| PeerRunState {
-                started_ms: crate::time::to_ms(r.started),
-                pod: r.pod,
-                down: r.down,
-            })
-            .collect();
+        let (stalled, failed, runs) = others_news(watch, own.as_deref());
         // A restart exec makes for a peer's stall is one this sidecar told it of.
         out.relay
             .told(false, !stalled.is_empty() || !failed.is_empty());
@@ -239,4 +206,49 @@ impl Engine {
             }
         }
     }
+}
+
+/// What exec hears of its peers (not of its own pod, whose state is its own to see):
+/// those stalled, those whose command failed (oldest first), and where each run stands;
+/// at most [`MAX_STALLED`] and [`MAX_RUNS`] of them.
+fn others_news(
+    watch: &peer_watch::PeerWatch,
+    own: Option<&str>,
+) -> (Vec<StalledPeer>, Vec<FailedPeer>, Vec<PeerRunState>) {
+    let others = |pod: &String| Some(pod.as_str()) != own;
+    let stalled = watch
+        .stalled()
+        .into_iter()
+        .filter(|s| others(&s.pod))
+        .take(MAX_STALLED)
+        .map(|s| StalledPeer {
+            since_ms: crate::time::to_ms(s.since),
+            pod: s.pod,
+            ongoing: s.ongoing,
+        })
+        .collect();
+    let mut failures = watch.failures();
+    failures.sort_by_key(|f| f.since);
+    let failed = failures
+        .into_iter()
+        .filter(|f| others(&f.pod))
+        .take(MAX_STALLED)
+        .map(|f| FailedPeer {
+            since_ms: crate::time::to_ms(f.since),
+            pod: f.pod,
+            note: f.note,
+        })
+        .collect();
+    let runs = watch
+        .runs()
+        .into_iter()
+        .filter(|r| others(&r.pod))
+        .take(MAX_RUNS)
+        .map(|r| PeerRunState {
+            started_ms: crate::time::to_ms(r.started),
+            pod: r.pod,
+            down: r.down,
+        })
+        .collect();
+    (stalled, failed, runs)
 }

@@ -25,7 +25,7 @@ use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
 use crate::supervise::launcher::{self, Verdict};
 use crate::supervise::lifecycle::{Ended, Supervisor};
-use crate::supervise::lifecycle::{Respawner, command, read_outputs};
+use crate::supervise::respawn::{Respawner, command, read_outputs};
 use crate::{Exit, Failure, bootstrap, kubeflow};
 use tracing::warn;
 
@@ -33,33 +33,11 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let dir = args.init.output.output_dir.clone();
     let path = dir.join(TF_CONFIG_FILE);
     let resolving = !path.exists();
-    let cluster_file = dir.join(CLUSTER_FILE);
-    let cluster_file = (resolving || cluster_file.exists()).then_some(cluster_file.as_path());
-    // Every flag is checked before the wait for peers: a typo in a report flag must not
-    // surface only after minutes of waiting. A peer-change policy needs the reporter.
-    let mut report = lower::exec_report_config(&args, cluster_file, resolving)?;
-    // Resolving again after a peer change is the init workflow, with exec's own flags;
-    // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
-    let handing_over = report.role().hands_over();
     // exec's private directory, for the files of CMD's that no volume holds: made when
     // one needs it, removed when exec ends (dropped on return).
     let mut private = None;
-    // The heartbeat file CMD may touch: in the observation volume, which both CMD's
-    // container and exec write, else in the private directory.
-    let heartbeat = report.progress.as_ref().and_then(|_| {
-        heartbeat_file(args.report_args.observations.as_deref(), &mut private)
-            .map_err(|e| warn!("no heartbeat file for the command: {e}"))
-            .ok()
-    });
-    if let Some(p) = report.progress.as_mut() {
-        p.heartbeat = heartbeat.clone();
-    }
+    let (report, heartbeat, handing_over) = report_config(&args, &dir, resolving, &mut private)?;
     let permanent = lower::exec_permanent_codes(&args)?;
-    let report = (args.report
-        || args.on_peer_change != PeerChange::Report
-        || args.on_failure != FailureAction::Exit
-        || report.progress.is_some())
-    .then_some(report);
     let init_cfg = (resolving || (args.on_peer_change == PeerChange::Restart && !handing_over))
         .then(|| lower::init_config(&args.init))
         .transpose()?;
@@ -87,75 +65,135 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         cmd
     };
     let cmd = with_heartbeat(command(&args.command, env, &dir));
-    if let Some(cfg) = report {
-        // Where CMD (torchrun, a worker's `@record`) writes its root cause: the user's
-        // TORCHELASTIC_ERROR_FILE, else a file of exec's own.
-        let error_file = error_file(&mut private);
-        let with_error_file = {
-            let error_file = error_file.clone();
-            move |mut cmd: std::process::Command| {
-                if let Some((path, ours)) = &error_file
-                    && *ours
-                {
-                    cmd.env(launcher::ERROR_FILE_ENV, path);
-                }
-                cmd
+    let Some(cfg) = report else {
+        let mut cmd = cmd;
+        // Only returns on failure.
+        let source = cmd.exec();
+        return Err(SpawnError { program, source }.into());
+    };
+    // Where CMD (torchrun, a worker's `@record`) writes its root cause: the user's
+    // TORCHELASTIC_ERROR_FILE, else a file of exec's own.
+    let cause = Cause {
+        error_file: error_file(&mut private),
+        started: Rc::new(Cell::new(SystemTime::now())),
+        argv: args.command.clone(),
+    };
+    let cmd = cause.env(cmd);
+    let respawner = Respawner {
+        argv: args.command.clone(),
+        dir: dir.clone(),
+        init: init_cfg.filter(|_| !handing_over),
+        prepare: Box::new({
+            let cause = cause.clone();
+            move |cmd| {
+                cause.started.set(SystemTime::now());
+                cause.env(with_heartbeat(cmd))
             }
-        };
-        let cmd = with_error_file(cmd);
-        // When CMD last started: an error file from before is a previous run's.
-        let started = Rc::new(Cell::new(SystemTime::now()));
-        let restarted = started.clone();
-        // A failure worth a retry (--on-failure restart), in words: how CMD ended and its
-        // root cause; none for a permanent code or root cause.
-        let retried = {
-            let (error_file, started) = (error_file.clone(), started.clone());
-            let (argv, program) = (args.command.clone(), program.clone());
-            move |code: i32| {
-                let how = Ended {
-                    code,
-                    oom: None,
-                    why: None,
-                }
-                .reason(&program)?;
-                let cause = error_file
-                    .as_ref()
-                    .and_then(|(p, _)| launcher::read_root_cause(p, started.get()));
-                let verdict = launcher::classify(launcher::launcher(&argv), code, cause.as_ref());
-                (!permanent.contains(&verdict.code(code)))
-                    .then(|| launcher::reason(&how, cause.as_ref(), Verdict::PassOn))
-            }
-        };
-        let respawner = Respawner {
-            argv: args.command.clone(),
-            dir: dir.clone(),
-            init: init_cfg.filter(|_| !handing_over),
-            prepare: Box::new(move |cmd| {
-                restarted.set(SystemTime::now());
-                with_error_file(with_heartbeat(cmd))
-            }),
-            explain: explain::init,
-            retried: Box::new(retried),
-        };
-        let ended = super::runtime()?.block_on(async {
-            let (mut reporter, mut signals, cmd) =
-                agent::exec_reporter(cfg, cmd, &program, ports, kubeflow).await?;
-            Supervisor::new(cmd, respawner)
-                .run(&mut reporter, &mut signals)
-                .await
-        })?;
-        // A launcher's exit 1: what its root cause says (exec's own reasons, a peer
-        // change or a stall, stand as they are).
-        let (code, why) = match ended.reason(&program) {
+        }),
+        explain: explain::init,
+        retried: Box::new({
+            let (cause, program) = (cause.clone(), program.clone());
+            move |code| cause.retried(code, &program, &permanent)
+        }),
+    };
+    let ended = super::runtime()?.block_on(async {
+        let (mut reporter, mut signals, cmd) =
+            agent::exec_reporter(cfg, cmd, &program, ports, kubeflow).await?;
+        Supervisor::new(cmd, respawner)
+            .run(&mut reporter, &mut signals)
+            .await
+    })?;
+    let (code, why) = cause.exit(&ended, &program);
+    if let Some(why) = why {
+        crate::termination::record(&why);
+    }
+    Ok(Exit::Child(code))
+}
+
+/// The reporter's config, where exec stays CMD's parent (`--report`, or a flag that
+/// needs it), with the heartbeat file CMD may touch; and whether exec hands over to a
+/// sidecar. Every flag is checked before the wait for peers: a typo in a report flag
+/// must not surface only after minutes of waiting.
+fn report_config(
+    args: &ExecArgs,
+    dir: &Path,
+    resolving: bool,
+    private: &mut Option<tempfile::TempDir>,
+) -> Result<(Option<agent::Config>, Option<PathBuf>, bool), Failure> {
+    let cluster_file = dir.join(CLUSTER_FILE);
+    let cluster_file = (resolving || cluster_file.exists()).then_some(cluster_file.as_path());
+    let mut report = lower::exec_report_config(args, cluster_file, resolving)?;
+    // Resolving again after a peer change is the init workflow, with exec's own flags;
+    // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
+    let handing_over = report.role().hands_over();
+    // The heartbeat file CMD may touch: in the observation volume, which both CMD's
+    // container and exec write, else in the private directory.
+    let heartbeat = report.progress.as_ref().and_then(|_| {
+        heartbeat_file(args.report_args.observations.as_deref(), private)
+            .map_err(|e| warn!("no heartbeat file for the command: {e}"))
+            .ok()
+    });
+    if let Some(p) = report.progress.as_mut() {
+        p.heartbeat = heartbeat.clone();
+    }
+    let report = (args.report
+        || args.on_peer_change != PeerChange::Report
+        || args.on_failure != FailureAction::Exit
+        || report.progress.is_some())
+    .then_some(report);
+    Ok((report, heartbeat, handing_over))
+}
+
+/// CMD's root cause, as a launcher (torchrun, a worker's `@record`) writes it: where
+/// (the user's TORCHELASTIC_ERROR_FILE, or exec's own, which CMD is given), and since
+/// when CMD last started (an error file from before is a previous run's).
+#[derive(Clone)]
+struct Cause {
+    /// The file, and whether it is exec's own.
+    error_file: Option<(PathBuf, bool)>,
+    started: Rc<Cell<SystemTime>>,
+    argv: Vec<String>,
+}
+
+impl Cause {
+    /// `cmd` with exec's own error file in its environment.
+    fn env(&self, mut cmd: std::process::Command) -> std::process::Command {
+        if let Some((path, true)) = &self.error_file {
+            cmd.env(launcher::ERROR_FILE_ENV, path);
+        }
+        cmd
+    }
+
+    /// The root cause CMD's last run wrote, if any.
+    fn read(&self) -> Option<launcher::RootCause> {
+        self.error_file
+            .as_ref()
+            .and_then(|(p, _)| launcher::read_root_cause(p, self.started.get()))
+    }
+
+    /// A failure worth a retry (--on-failure restart), in words: how CMD ended and its
+    /// root cause; none for a permanent code or root cause.
+    fn retried(&self, code: i32, program: &str, permanent: &[i32]) -> Option<String> {
+        let how = Ended {
+            code,
+            oom: None,
+            why: None,
+        }
+        .reason(program)?;
+        let cause = self.read();
+        let verdict = launcher::classify(launcher::launcher(&self.argv), code, cause.as_ref());
+        (!permanent.contains(&verdict.code(code)))
+            .then(|| launcher::reason(&how, cause.as_ref(), Verdict::PassOn))
+    }
+
+    /// exec's exit code and why: for a launcher's exit 1, what its root cause says
+    /// (exec's own reasons, a peer change or a stall, stand as they are).
+    fn exit(&self, ended: &Ended, program: &str) -> (i32, Option<String>) {
+        match ended.reason(program) {
             Some(how) if ended.why.is_none() => {
-                let cause = error_file
-                    .as_ref()
-                    .and_then(|(p, _)| launcher::read_root_cause(p, started.get()));
-                let verdict = launcher::classify(
-                    launcher::launcher(&args.command),
-                    ended.code,
-                    cause.as_ref(),
-                );
+                let cause = self.read();
+                let verdict =
+                    launcher::classify(launcher::launcher(&self.argv), ended.code, cause.as_ref());
                 let why = launcher::reason(&how, cause.as_ref(), verdict);
                 if verdict != Verdict::PassOn || cause.is_some() {
                     warn!("{why}");
@@ -163,16 +201,8 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
                 (verdict.code(ended.code), Some(why))
             }
             why => (ended.code, why),
-        };
-        if let Some(why) = why {
-            crate::termination::record(&why);
         }
-        return Ok(Exit::Child(code));
     }
-    let mut cmd = cmd;
-    // Only returns on failure.
-    let source = cmd.exec();
-    Err(SpawnError { program, source }.into())
 }
 
 /// Creates the heartbeat file (empty, so that `touch` and writes alike work) and

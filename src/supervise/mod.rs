@@ -10,4 +10,5 @@ pub mod launcher;
 pub mod lifecycle;
 pub mod output;
 pub mod policy;
+pub mod respawn;
 pub mod stop;

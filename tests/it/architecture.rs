@@ -1,8 +1,9 @@
 //! The dependency rule of `docs/architecture.md`, checked in the repository: the command
 //! line's modules (`cli/`, `cmd/`, `main.rs`) are the only ones that name `crate::cli`,
 //! `crate::cmd` or clap; neither the file-level module graph nor the graph of the
-//! top-level folders of `src/` has a loop; no source file holds more than 600 lines of
-//! non-test code; and no struct has more than 20 fields.
+//! top-level folders of `src/` has a loop; no source file holds more than 500 lines of
+//! non-test code, no function is longer than 80 lines, and no struct has more than 20
+//! fields: past those, a reader no longer takes a file or a function in at once.
 //!
 //! The graph's edges are a file's `crate::…` paths and `super::…` references, each to the
 //! longest module path that is a file of the crate; a unit-test module (`tests.rs`,
@@ -327,14 +328,147 @@ fn no_struct_has_more_than_20_fields() {
     assert!(over.is_empty(), "{over:#?}");
 }
 
+/// The most lines of non-test code a source file may hold.
+const MAX_FILE_LINES: usize = 500;
+/// The most lines a function may span, from `fn` to its closing brace.
+const MAX_FN_LINES: usize = 80;
+
 #[test]
-fn no_source_file_holds_more_than_600_lines_of_code() {
+fn no_source_file_holds_more_than_500_lines_of_code() {
     let over: Vec<(String, usize)> = sources()
         .into_iter()
         .map(|(f, text)| (f, text.lines().count()))
-        .filter(|(_, n)| *n > 600)
+        .filter(|(_, n)| *n > MAX_FILE_LINES)
         .collect();
     assert!(over.is_empty(), "{over:?}");
+}
+
+#[test]
+fn no_function_is_longer_than_80_lines() {
+    let mut all = Vec::new();
+    for (f, text) in sources() {
+        all.extend(
+            functions(&text)
+                .into_iter()
+                .map(|(name, n)| (format!("{f}::{name}"), n)),
+        );
+    }
+    assert!(all.len() > 1000, "{} functions found", all.len());
+    let over: Vec<_> = all.iter().filter(|(_, n)| *n > MAX_FN_LINES).collect();
+    assert!(over.is_empty(), "{over:#?}");
+}
+
+/// `text` with its comments, strings and character literals blanked (line breaks
+/// kept), so that the braces left are the code's.
+fn blank(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let blank_to = |out: &mut Vec<u8>, from: usize, to: usize| {
+        out.extend(
+            b[from..to]
+                .iter()
+                .map(|&c| if c == b'\n' { c } else { b' ' }),
+        );
+    };
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        let ident_before = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        let end = if rest.starts_with(b"//") {
+            i + rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len())
+        } else if rest.starts_with(b"/*") {
+            i + 2 + find(&rest[2..], b"*/").map_or(rest.len() - 2, |k| k + 2)
+        } else if rest[0] == b'r' && !ident_before && raw_string_hashes(rest).is_some() {
+            let hashes = raw_string_hashes(rest).unwrap();
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            let open = 2 + hashes;
+            i + open + find(&rest[open..], &close).map_or(rest.len() - open, |k| k + close.len())
+        } else if rest[0] == b'"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != b'"' {
+                j += if rest[j] == b'\\' { 2 } else { 1 };
+            }
+            i + (j + 1).min(rest.len())
+        } else if rest[0] == b'\'' && char_literal(rest).is_some() {
+            i + char_literal(rest).unwrap()
+        } else {
+            out.push(rest[0]);
+            i += 1;
+            continue;
+        };
+        blank_to(&mut out, i, end);
+        i = end;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The `#`s of a raw string that starts `rest` (`r"`, `r#"`, ...).
+fn raw_string_hashes(rest: &[u8]) -> Option<usize> {
+    let hashes = rest[1..].iter().take_while(|&&c| c == b'#').count();
+    (rest.get(1 + hashes) == Some(&b'"')).then_some(hashes)
+}
+
+/// The length of a character literal that starts `rest` (`'a'`, `'\\n'`, `'\\u{..}'`),
+/// or `None` for a lifetime.
+fn char_literal(rest: &[u8]) -> Option<usize> {
+    if rest.get(1) == Some(&b'\\') {
+        return find(&rest[2..], b"'").map(|k| k + 3);
+    }
+    let s = std::str::from_utf8(&rest[1..rest.len().min(6)])
+        .unwrap_or_else(|e| std::str::from_utf8(&rest[1..1 + e.valid_up_to()]).unwrap());
+    let c = s.chars().next()?;
+    (s[c.len_utf8()..].starts_with('\'')).then_some(2 + c.len_utf8())
+}
+
+/// Each function with a body in `text`, with the lines it spans from `fn` to its
+/// closing brace.
+fn functions(text: &str) -> Vec<(String, usize)> {
+    let code = blank(text);
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    for (i, _) in code.match_indices("fn ") {
+        if i > 0 && ident(b[i - 1]) {
+            continue;
+        }
+        let name: String = code[i + 3..]
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        let (Some(open), semi) = (code[i..].find('{'), code[i..].find(';')) else {
+            continue;
+        };
+        if semi.is_some_and(|s| s < open) {
+            continue;
+        }
+        let mut depth = 0;
+        let mut end = b.len();
+        for (k, &c) in b.iter().enumerate().skip(i + open) {
+            match c {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((name, code[i..end].matches('\n').count() + 1));
+    }
+    out
 }
 
 /// The checks can fail: a loop and an upward import in a made-up crate are found.
@@ -387,5 +521,19 @@ fn the_checks_find_what_they_look_for() {
     assert_eq!(
         without_tests("fn a() {}\n#[cfg(test)]\nmod tests {\n use x;\n}\n"),
         "fn a() {}\n"
+    );
+    // Braces in strings, raw strings, characters and comments are not the code's; a
+    // lifetime is no character; a declaration without a body is no function.
+    assert_eq!(
+        functions(concat!(
+            "fn a<'x>(s: &'x str) -> char {\n",
+            "    let _ = \"}\\\"{\"; // }\n",
+            "    let _ = r#\"}\"#; /* { */\n",
+            "    '}'\n",
+            "}\n",
+            "trait T { fn b(); }\n",
+            "fn c() {\n    if true { }\n}\n",
+        )),
+        [("a".to_string(), 5), ("c".to_string(), 3)]
     );
 }

@@ -156,10 +156,6 @@ const EXAMPLES: [Example; 8] = [
     },
 ];
 
-fn example(name: &str) -> &'static Example {
-    EXAMPLES.iter().find(|e| e.name == name).unwrap()
-}
-
 /// The pod template's spec of an example's workload (the JobSet's replicated job's).
 fn pod_spec_mut(doc: &mut Value) -> &mut Value {
     if doc["kind"] == "JobSet" {
@@ -851,61 +847,11 @@ fn star_lines(
     v
 }
 
-/// One example in a namespace of its own, from `kubectl apply` to the end its header
-/// promises.
-async fn run_one(name: &str) {
-    let kc = require!(node());
-    let ex = example(name);
-    let client = client_from(kc).await;
-    let ns = restricted_namespace(kc, &client, name).await;
-    let out = run_examples(kc, &client, &ns, &[ex]).await;
-    check_example(&client, &ns, ex, &out).await;
-    delete_namespace(&client, &ns).await;
-}
-
-#[tokio::test]
-async fn classic_sidecar_job_completes_on_a_real_node() {
-    run_one("classic-sidecar-job").await;
-}
-
-#[tokio::test]
-async fn failure_policy_job_completes_on_a_real_node() {
-    run_one("failure-policy-job").await;
-}
-
-#[tokio::test]
-async fn jax_completes_on_a_real_node() {
-    run_one("jax").await;
-}
-
-#[tokio::test]
-async fn jobset_pytorch_jobs_complete_on_a_real_node() {
-    run_one("jobset-pytorch").await;
-}
-
-#[tokio::test]
-async fn mpi_hostfile_completes_by_its_success_policy_on_a_real_node() {
-    run_one("mpi-hostfile").await;
-}
-
-#[tokio::test]
-async fn pytorch_torchrun_completes_on_a_real_node() {
-    run_one("pytorch-torchrun").await;
-}
-
-#[tokio::test]
-async fn tf_multiworker_completes_on_a_real_node() {
-    run_one("tf-multiworker").await;
-}
-
-#[tokio::test]
-async fn tf_ps_worker_completes_by_its_success_policy_on_a_real_node() {
-    run_one("tf-ps-worker").await;
-}
-
 /// Every example in one namespace: the shipped files pass a server-side dry run
-/// together, and run together to their ends, each selector matching only its own
-/// example's pods.
+/// together, and run together to their ends, each checked by [`check_example`] as it
+/// would be alone (a failure names the example's Job or pod), each selector matching
+/// only its own example's pods. One run of all, not one per example: on the 2-core
+/// machine of CI they run side by side in the time of the longest.
 #[tokio::test]
 async fn all_examples_run_together_in_one_namespace() {
     let kc = require!(node());
