@@ -20,7 +20,7 @@ pub mod slim;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::Code;
@@ -134,20 +134,27 @@ pub fn add_selector(jobs: &mut Vec<Job>, ty: &str, sel: Selector) {
     }
 }
 
-/// Task types become JSON keys and env values; keep them to what TensorFlow and the
-/// operators use (`chief`, `ps`, `worker`, `evaluator`, ...).
 /// Whether a name is an RFC 1123 DNS label, as namespace names are: at most 63
 /// characters of `[a-z0-9-]`, starting and ending with a letter or digit.
 pub fn is_dns_label(s: &str) -> bool {
+    is_short_name(s, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+    })
+}
+
+/// The shape Kubernetes gives its short names (a DNS label, a label's name or value):
+/// 1 to 63 bytes that `allowed` takes, the first and the last alphanumeric.
+pub fn is_short_name(s: &str, allowed: impl Fn(u8) -> bool) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|&c| allowed(c))
 }
 
+/// Task types become JSON keys and env values; keep them to what TensorFlow and the
+/// operators use (`chief`, `ps`, `worker`, `evaluator`, ...).
 pub fn validate_task_type(ty: &str) -> Result<(), String> {
     let ok = ty.len() <= 63
         && ty.starts_with(|c: char| c.is_ascii_alphabetic())
@@ -163,8 +170,9 @@ pub fn validate_task_type(ty: &str) -> Result<(), String> {
     }
 }
 
-/// One task of the resolved cluster.
-#[derive(Debug, Clone, Serialize)]
+/// One task of the resolved cluster, as `cluster.json` lists it too (the fields it
+/// leaves out are `serde(skip)`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Peer {
     pub name: String,
     #[serde(rename = "type")]
@@ -182,8 +190,10 @@ pub struct Peer {
     pub pod_ip: Option<String>,
     /// What its replacement will share with it ([`drift::slot`]), from the pod's labels
     /// when resolved: the peer watch recognises the replacement of a pod that was gone
-    /// before the watch first listed the pods. Not part of a peer's identity.
-    #[serde(skip)]
+    /// before the watch first listed the pods. Not part of a peer's identity. Absent in
+    /// a `cluster.json` written before it was recorded, or where the cluster came from
+    /// a resolver pod's annotation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub slot: String,
     /// The pod was past its init containers (Running, or ended) when resolved: a
     /// replacement's peer whose training process need not answer on the task's port

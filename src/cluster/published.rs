@@ -111,6 +111,21 @@ struct Envelope {
 /// One task: name, address, node, uid.
 type Entry = (String, String, Option<String>, String);
 
+/// What the annotation carries of each peer of a task.
+fn entries(peers: &[Peer]) -> Vec<Entry> {
+    peers
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.address.clone(),
+                p.node.clone(),
+                p.uid.clone(),
+            )
+        })
+        .collect()
+}
+
 /// The hashed, deflated part.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,20 +157,7 @@ impl Resolution {
         let tasks = |c: &Cluster| -> Vec<(String, Vec<Entry>)> {
             c.tasks
                 .iter()
-                .map(|(t, peers)| {
-                    let entries = peers
-                        .iter()
-                        .map(|p| {
-                            (
-                                p.name.clone(),
-                                p.address.clone(),
-                                p.node.clone(),
-                                p.uid.clone(),
-                            )
-                        })
-                        .collect();
-                    (t.clone(), entries)
-                })
+                .map(|(t, peers)| (t.clone(), entries(peers)))
                 .collect()
         };
         self.lost == other.lost && tasks(&self.cluster) == tasks(&other.cluster)
@@ -199,18 +201,7 @@ fn payload(cluster: &Cluster, order: &[&str], lost: &[String]) -> Vec<u8> {
         .iter()
         .map(|t| {
             let peers = cluster.tasks.get(*t).map(Vec::as_slice).unwrap_or_default();
-            let entries = peers
-                .iter()
-                .map(|p| {
-                    (
-                        p.name.clone(),
-                        p.address.clone(),
-                        p.node.clone(),
-                        p.uid.clone(),
-                    )
-                })
-                .collect();
-            (*t, entries)
+            (*t, entries(peers))
         })
         .collect();
     let payload = Payload {

@@ -148,7 +148,7 @@ impl PeerWatch {
         };
         Some(PeerWatch {
             resolved: resolved_of(&file),
-            peers: peers_of(&file),
+            peers: file.peers.clone(),
             coordination: file.coordination,
             source,
             namespace: String::new(),
@@ -168,7 +168,7 @@ impl PeerWatch {
         match render::read_cluster_file(path) {
             Ok(file) => {
                 self.resolved = resolved_of(&file);
-                self.peers = peers_of(&file);
+                self.peers = file.peers.clone();
                 self.coordination = file.coordination;
             }
             Err(e) => {
@@ -455,24 +455,6 @@ fn resolved_of(file: &render::ClusterFile) -> Vec<Resolved> {
             uid: p.uid.clone(),
             slot: p.slot.clone(),
             address: p.address.clone(),
-        })
-        .collect()
-}
-
-fn peers_of(file: &render::ClusterFile) -> Vec<Peer> {
-    file.peers
-        .iter()
-        .map(|p| Peer {
-            name: p.name.clone(),
-            task_type: p.task_type.clone(),
-            index: p.index,
-            address: p.address.clone(),
-            node: p.node.clone(),
-            uid: p.uid.clone(),
-            namespace: String::new(),
-            pod_ip: None,
-            slot: p.slot.clone(),
-            past_init: false,
         })
         .collect()
 }

@@ -138,7 +138,7 @@ pub struct ClusterFile {
     pub cluster: BTreeMap<String, Vec<String>>,
     pub task: Task,
     pub master: String,
-    pub peers: Vec<PeerEntry>,
+    pub peers: Vec<Peer>,
     /// Every rank's task (`master/0`, `worker/0`, …), rank 0 first: the order of
     /// WORLD_SIZE, the hostfile and JAX's process ids.
     #[serde(default)]
@@ -171,36 +171,6 @@ pub struct ClusterMeta {
     pub coordination: Option<Coordination>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub struct PeerEntry {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub task_type: String,
-    pub index: usize,
-    pub address: String,
-    pub node: Option<String>,
-    pub uid: String,
-    /// What the pod's replacement shares with it (`job/<job>/<index>`); absent in a
-    /// file written before it was recorded, or where the cluster came from a resolver
-    /// pod's annotation.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub slot: String,
-}
-
-impl From<&Peer> for PeerEntry {
-    fn from(p: &Peer) -> Self {
-        PeerEntry {
-            name: p.name.clone(),
-            task_type: p.task_type.clone(),
-            index: p.index,
-            address: p.address.clone(),
-            node: p.node.clone(),
-            uid: p.uid.clone(),
-            slot: p.slot.clone(),
-        }
-    }
-}
-
 /// `grpc://10.0.0.6:8470`, or the bare address when the rpc layer is empty.
 pub fn master_url(rpc_layer: &str, address: &str) -> String {
     if rpc_layer.is_empty() {
@@ -224,12 +194,7 @@ pub fn render_cluster_file(
         cluster: tf.cluster.clone(),
         task: tf.task.clone(),
         master: master_url(&meta.rpc_layer, own),
-        peers: cluster
-            .tasks
-            .values()
-            .flatten()
-            .map(PeerEntry::from)
-            .collect(),
+        peers: cluster.tasks.values().flatten().cloned().collect(),
         ranks: ranks.names(),
         rank: ranks.own,
         selectors: meta.selectors.clone(),
