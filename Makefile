@@ -82,14 +82,25 @@ test: test-newest test-k8s-previous
 
 # Two passes, both run whatever the first's outcome: the unit tests and the played
 # tests (no node), PLAYED_THREADS at a time, since they mostly wait on the API server
-# and on timers; then the real node's tests, at libtest's default (one per core), since
-# their pods' frameworks start on the same cores.
+# and on timers; then the real node's tests in two lanes side by side, one test at a
+# time in each, since their pods' frameworks start on the same cores: the launcher
+# corpus (node_launchers, eight jobs of about four minutes each), and the other node
+# tests, the cgroup v2 machine's first. Two lanes keep two corpus jobs from starting
+# at once and leave no core idle at the end. The corpus lane's output follows the
+# other's, whole, and where each failed test panicked ends the output.
 PLAYED_THREADS ?= 4
+NODE_OTHERS := node_ --skip node_launchers:: --skip node_two:: --skip node_cgroup2::
 
 test-newest: deps control-plane image
 	@( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \
-	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_,test-node.log) ); node=$$?; \
-	exit $$(( played | node ))
+	$(CARGO) test --test it --no-run 2>&1 | tail -n 1; \
+	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_launchers:: --test-threads 1,test-launchers.log) ) >target/test-launchers.out 2>&1 & lane=$$!; \
+	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_two:: node_cgroup2:: --test-threads 1,test-vm.log) ); vm=$$?; \
+	( $(call tested,$(CARGO) test --test it --no-fail-fast -- $(NODE_OTHERS) --test-threads 1,test-node.log) ); node=$$?; \
+	wait $$lane; launchers=$$?; cat target/test-launchers.out; \
+	rc=$$(( played | vm | node | launchers )); if [ $$rc -ne 0 ]; then echo "why each test failed, in every pass:"; \
+	grep -h -A3 '^thread .* panicked at' target/test.log target/test-vm.log target/test-node.log target/test-launchers.log | cut -c1-400; fi; \
+	exit $$rc
 
 # What changed between the two versions: native sidecars (on by default since 1.29),
 # the guard policy (ValidatingAdmissionPolicy), WatchList (sendInitialEvents) and the
