@@ -48,8 +48,10 @@ use crate::support::*;
 const STALL_AFTER: u64 = 45;
 /// Seconds between steps (each step's all-reduce is quick).
 const STEP_TIME: f64 = 0.5;
-/// The step at which pod 1 is frozen: three times `--stall-after` of training.
-const FREEZE_AT: u32 = (3 * STALL_AFTER) as u32 * 2;
+/// The step at which pod 1 is frozen: twice `--stall-after` of training in one run,
+/// with rank 1 silent throughout (the runs after the freeze and after the replacement
+/// train on to the job's end).
+const FREEZE_AT: u32 = (2 * STALL_AFTER) as u32 * 2;
 /// The job's steps. A run resumes from the job's checkpoint ([`with_checkpoint`]), as
 /// real jobs do: the first run is still training at [`FREEZE_AT`], the second has about
 /// 30 s left (pod 1 is deleted while it trains), and the third finishes what is left.
@@ -388,7 +390,7 @@ async fn synchronous(l: &Launcher) {
     let job = l.job;
     let died = || async { describe_pods(&on.pods()).await };
 
-    // 1. Three times --stall-after of training, pod 1 silent, and no restart.
+    // 1. Twice --stall-after of training, pod 1 silent, and no restart.
     let freeze_line = format!("step {FREEZE_AT} ");
     let failed = format!("{job}: the Job failed before step {FREEZE_AT}");
     eventually(
