@@ -49,11 +49,7 @@ impl Ctx<'_> {
 
     pub(super) fn document(&mut self, node: &mut Node) -> Result<(), TransformError> {
         let what = describe(node);
-        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
-        let av = node
-            .get("apiVersion")
-            .and_then(Node::as_str)
-            .unwrap_or_default();
+        let (av, kind) = type_of(node);
         if kind == "List" || kind.ends_with("List") && node.get("items").is_some() {
             let Some(Node::Seq(items)) = node.get_mut("items") else {
                 self.note(what, "no items; passed through unchanged");
@@ -134,11 +130,7 @@ impl Ctx<'_> {
     /// Injects one resource; false (with a note) when it has no pod template.
     fn resource(&mut self, node: &mut Node) -> Result<bool, TransformError> {
         let what = describe(node);
-        let kind = node.get("kind").and_then(Node::as_str).unwrap_or_default();
-        let av = node
-            .get("apiVersion")
-            .and_then(Node::as_str)
-            .unwrap_or_default();
+        let (av, kind) = type_of(node);
         if is_jobset(av, kind) {
             return self.jobset(node, what);
         }
@@ -189,4 +181,10 @@ impl Ctx<'_> {
         );
         Ok(true)
     }
+}
+
+/// A document's apiVersion and kind, or empty strings.
+fn type_of(node: &Node) -> (&str, &str) {
+    let get = |key: &str| node.get(key).and_then(Node::as_str).unwrap_or_default();
+    (get("apiVersion"), get("kind"))
 }
