@@ -39,6 +39,8 @@ pub mod cli;
 pub mod cluster;
 /// One thin module per subcommand: lower the flags, run one workflow, print.
 pub mod cmd;
+/// One Event as trainlet sends it: type, reason, note.
+pub mod event;
 /// Exit codes, on purpose, one per kind of failure.
 pub mod exit;
 /// The spelling of every flag, once: the parser, inject and messages share it.

@@ -22,6 +22,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use thiserror::Error;
 
+use crate::event::Event;
 use crate::kube::{KubeError, classify};
 
 /// The annotation keys trainlet writes. They are a contract: dashboards and controllers
@@ -167,17 +168,18 @@ impl Publisher {
 
     /// Creates a new Event on the pod, never folded into an earlier one: each OOM kill
     /// or conflict is its own fact with its own message (kube-runtime's recorder folds
-    /// Events of one reason into a series that keeps the first note). `reason` is
-    /// PascalCase; the note is cut at 1 kB. The reporters rate-limit with
-    /// [`EventBudget`]; `init` emits at most two.
-    pub async fn event(&self, warning: bool, reason: &str, note: &str) -> Result<(), PublishError> {
+    /// Events of one reason into a series that keeps the first note). The note is cut
+    /// at 1 kB. The reporters rate-limit through their recorder
+    /// ([`crate::report::recorder`]); `init` emits at most two.
+    pub async fn event(&self, event: &Event) -> Result<(), PublishError> {
         let now = k8s_openapi::jiff::Timestamp::now();
+        let reason = event.reason.as_str();
         let ev = K8sEvent {
             action: Some(reason.into()),
             reason: Some(reason.into()),
             event_time: Some(MicroTime(now)),
             regarding: Some(self.reference.clone()),
-            note: Some(truncate(note, 1024)),
+            note: Some(truncate(&event.note, 1024)),
             metadata: ObjectMeta {
                 namespace: Some(self.namespace.clone()),
                 name: Some(event_name(&self.pod_name, now.as_nanosecond())),
@@ -185,7 +187,7 @@ impl Publisher {
             },
             reporting_controller: Some("trainlet".into()),
             reporting_instance: Some(truncate(&self.pod_name, 128)),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+            type_: Some(event.type_.as_str().into()),
             ..Default::default()
         };
         self.events
@@ -193,11 +195,6 @@ impl Publisher {
             .await
             .map_err(|e| classify(&e, "create", "events", &self.namespace))?;
         Ok(())
-    }
-
-    /// A Warning Event: see [`Publisher::event`].
-    pub async fn warning(&self, reason: &str, note: &str) -> Result<(), PublishError> {
-        self.event(true, reason, note).await
     }
 }
 

@@ -11,6 +11,8 @@ pub enum Reason {
     ClusterTooLarge,
     ClusterNotPublished,
     PeerUnreachable,
+    // the reporters' own annotations
+    AnnotationsTooLarge,
     // the cluster after the start
     PeerLost,
     PeerReplaced,
@@ -36,6 +38,7 @@ impl Reason {
             Reason::ClusterTooLarge => "ClusterTooLarge",
             Reason::ClusterNotPublished => "ClusterNotPublished",
             Reason::PeerUnreachable => "PeerUnreachable",
+            Reason::AnnotationsTooLarge => "AnnotationsTooLarge",
             Reason::PeerLost => "PeerLost",
             Reason::PeerReplaced => "PeerReplaced",
             Reason::OomKill => "OOMKill",
@@ -62,12 +65,13 @@ mod tests {
     use super::*;
 
     /// Every reason.
-    const ALL: [Reason; 16] = [
+    const ALL: [Reason; 17] = [
         Reason::PeersResolved,
         Reason::PeerWaitTimeout,
         Reason::ClusterTooLarge,
         Reason::ClusterNotPublished,
         Reason::PeerUnreachable,
+        Reason::AnnotationsTooLarge,
         Reason::PeerLost,
         Reason::PeerReplaced,
         Reason::OomKill,

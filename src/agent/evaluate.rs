@@ -123,9 +123,9 @@ impl Engine {
         if let Some(summary) = &step.summary {
             info!(devices = ?step.report.gpu.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "report: {summary}");
         }
-        for n in step.events {
-            warn!(reason = n.0, "{}", n.1);
-            self.outbox.push(n, false);
+        for event in step.events {
+            warn!(reason = event.reason.as_str(), "{}", event.note);
+            self.record(event, false);
         }
         if step.urgent {
             self.outbox.hurry();

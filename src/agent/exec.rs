@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use super::peers_file::Incoming;
 use super::{Config, Engine, Mode, ReportError, peers_file};
 use crate::cluster::drift::ClusterStatus;
+use crate::event::Event;
 use crate::peers::drift::{self as peer_watch, PeerWatch};
 use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
@@ -175,7 +176,7 @@ impl Reporter for Engine {
     }
 
     async fn restarting(&mut self, n: u32, note: String) {
-        self.announce(Reason::Restarting, note.clone(), true);
+        self.record(Event::warning(Reason::Restarting, note.clone()), true);
         if let Some(out) = self.outgoing.as_mut() {
             // The sidecar announces it.
             out.restart = Some(crate::handover::observation::RestartObservation {
@@ -330,7 +331,7 @@ impl Engine {
         match news {
             Some(News::Stalled { n, note }) => {
                 warn!(stall = n, "{note}");
-                self.announce(Reason::Stalled, note, true);
+                self.record(Event::warning(Reason::Stalled, note), true);
             }
             Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
             None => {}

@@ -11,6 +11,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::warn;
 
 use super::{Engine, observations};
+use crate::event::Event;
+use crate::reason::Reason;
 use crate::report::probe::gpu::events::{self as gpu_events, GpuEvent, XidWatch};
 use crate::report::probe::gpu::xid::XidLedger;
 use crate::report::probe::gpu::{GpuInfo, GpuProbe};
@@ -127,10 +129,7 @@ impl Engine {
                     .gpu_xid_errors
                     .get_or_create(&observations::xid_label(&e, self.probes.gpus.xids.kept(&e)))
                     .inc();
-                self.outbox.push(
-                    (crate::reason::Reason::GpuXidError.as_str(), e.message()),
-                    true,
-                );
+                self.record(Event::warning(Reason::GpuXidError, e.message()), true);
             }
             GpuEvent::Lost { why } => {
                 self.probes.gpus.lost = Some(why);

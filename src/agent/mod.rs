@@ -44,6 +44,7 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::core::v1::Container;
 use tracing::warn;
 
+use crate::event::Event;
 use crate::metrics::{self, ContainerLabel, Metrics, MetricsError, Readiness};
 use crate::peers::drift as peer_watch;
 use crate::publish::{ContainerUrgency, TokenBucket};
@@ -297,15 +298,15 @@ impl Engine {
                 container: kill.container.clone(),
             })
             .inc();
-        self.outbox
-            .push((Reason::OomKill.as_str(), kill.message()), urgent);
+        self.record(Event::warning(Reason::OomKill, kill.message()), urgent);
     }
 
-    /// One announcement, by the same path in both layouts: its counter, and its Event
-    /// where this process publishes. exec handing over leaves the Event to the
-    /// sidecar, which announces what exec handed over through this same path.
-    fn announce(&mut self, reason: Reason, note: String, urgent: bool) {
-        match reason {
+    /// Every Event of the agent, whichever role sends it and whatever it tells of, goes
+    /// out through here and the outbox's recorder ([`crate::report::recorder`]): its
+    /// counter, then the queue. exec handing over leaves the Event to the sidecar,
+    /// which records what exec handed over through this same path.
+    fn record(&mut self, event: Event, urgent: bool) {
+        match event.reason {
             Reason::Stalled => {
                 self.metrics.progress.stalls.inc();
             }
@@ -315,7 +316,7 @@ impl Engine {
             _ => {}
         }
         if self.outgoing.is_none() {
-            self.outbox.push((reason.as_str(), note), urgent);
+            self.outbox.record(event, urgent);
         }
     }
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::Engine;
+use crate::event::Event;
 use crate::handover::observation::{
     self as handover, GpuObservation, KillObservation, Observation, Published, VERSION, Version,
     XidCountObservation,
@@ -250,7 +251,7 @@ impl Engine {
         let stalled = o.progress.as_ref().is_some_and(|p| p.stalled);
         if let Some(note) = &news.stall {
             self.log_news(note);
-            self.announce(Reason::Stalled, note.clone(), urgent);
+            self.record(Event::warning(Reason::Stalled, note.clone()), urgent);
         }
         for k in &news.kills {
             let kill = k.to_kill(&container);
@@ -342,8 +343,7 @@ impl Engine {
                 .get_or_create(&xid_label(&e, self.probes.gpus.xids.kept(&e)))
                 .inc_by(n);
             for _ in 0..n.min(XID_EVENTS_PER_VERSION) {
-                self.outbox
-                    .push((Reason::GpuXidError.as_str(), e.message()), urgent);
+                self.record(Event::warning(Reason::GpuXidError, e.message()), urgent);
             }
         }
     }
@@ -359,7 +359,7 @@ impl Engine {
         };
         if explained {
             self.log_news(&note);
-            self.announce(Reason::Restarting, note, urgent);
+            self.record(Event::warning(Reason::Restarting, note), urgent);
         } else {
             self.metrics
                 .observations_rejected

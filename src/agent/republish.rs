@@ -12,6 +12,8 @@ use tracing::{info, warn};
 
 use super::Engine;
 use crate::cluster::published::{self, ANNOTATION, Resolution};
+use crate::event::Event;
+use crate::reason::Reason;
 
 #[derive(Default)]
 pub(super) struct Republish {
@@ -98,13 +100,7 @@ impl Engine {
                 );
                 if self.republish.failed.as_deref() != Some(note.as_str()) {
                     warn!("{note}");
-                    self.outbox.push(
-                        (
-                            crate::reason::Reason::ClusterTooLarge.as_str(),
-                            note.clone(),
-                        ),
-                        true,
-                    );
+                    self.record(Event::warning(Reason::ClusterTooLarge, note.clone()), true);
                     self.republish.failed = Some(note);
                 }
                 carried_text

@@ -29,10 +29,12 @@ use tracing::{info, warn};
 use crate::Code;
 use crate::cluster::published::ANNOTATION;
 use crate::cluster::{AddressMode, Cluster, ClusterConfig, ClusterError, Task};
+use crate::event::Event;
 use crate::kube::{self as k8s, KubeError};
 use crate::peers::follow::FollowError;
 use crate::peers::{Scope, WaitError, wait_for_peers};
 use crate::publish::Publisher;
+use crate::reason::Reason;
 use crate::render::frameworks::{FrameworkConfig, FrameworkError};
 use crate::render::{self, OutputError, TfConfig};
 use follow::{FALLBACK, follow_resolver};
@@ -196,7 +198,7 @@ pub async fn run(
     );
     best_effort(
         this.publisher
-            .event(false, crate::reason::Reason::PeersResolved.as_str(), &note)
+            .event(&Event::normal(Reason::PeersResolved, note))
             .await,
         "emit the PeersResolved event",
     );
@@ -247,15 +249,15 @@ impl Session<'_> {
 
     /// Tells the pod why the wait ended, and hands the error on.
     async fn timed_out(&self, e: InitError) -> InitError {
-        self.told(crate::reason::Reason::PeerWaitTimeout, e).await
+        self.told(Reason::PeerWaitTimeout, e).await
     }
 
     /// A Warning Event of `reason` on the pod, with the message the process ends with;
     /// hands the error on.
-    async fn told(&self, reason: crate::reason::Reason, e: InitError) -> InitError {
+    async fn told(&self, reason: Reason, e: InitError) -> InitError {
         best_effort(
             self.publisher
-                .event(true, reason.as_str(), &(self.describe)(&e))
+                .event(&Event::warning(reason, (self.describe)(&e)))
                 .await,
             &format!("emit the {reason} event"),
         );
@@ -361,10 +363,7 @@ impl Session<'_> {
             return Ok(());
         };
         Err(self
-            .told(
-                crate::reason::Reason::PortConflict,
-                InitError::PortConflict(port),
-            )
+            .told(Reason::PortConflict, InitError::PortConflict(port))
             .await)
     }
 
@@ -403,9 +402,7 @@ impl Session<'_> {
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         match crate::preflight::prove(&ring, &own, bind, within, past_init).await {
             Ok(_) => Ok(()),
-            Err(e) => Err(self
-                .told(crate::reason::Reason::PeerUnreachable, e.into())
-                .await),
+            Err(e) => Err(self.told(Reason::PeerUnreachable, e.into()).await),
         }
     }
 
@@ -436,7 +433,7 @@ impl Session<'_> {
             warn!("{note}");
             best_effort(
                 self.publisher
-                    .event(true, crate::reason::Reason::ClusterTooLarge.as_str(), &note)
+                    .event(&Event::warning(Reason::ClusterTooLarge, note))
                     .await,
                 "emit the ClusterTooLarge event",
             );
@@ -460,11 +457,10 @@ impl Session<'_> {
         if let Err(e) = &r {
             best_effort(
                 self.publisher
-                    .event(
-                        true,
-                        crate::reason::Reason::ClusterNotPublished.as_str(),
-                        &(self.describe)(e),
-                    )
+                    .event(&Event::warning(
+                        Reason::ClusterNotPublished,
+                        (self.describe)(e),
+                    ))
                     .await,
                 "emit the ClusterNotPublished event",
             );

@@ -20,6 +20,8 @@ use std::collections::HashMap;
 
 use super::published::Resolution;
 use super::{Cluster, Peer};
+use crate::event::Event;
+use crate::reason::Reason;
 
 /// The most bytes `trainlet.io/cluster` (and `peers.json`'s `cluster`) may hold: the
 /// stale tasks that fit are listed, the rest counted, so that a job of thousands with
@@ -449,26 +451,26 @@ pub fn resolver_gone(resolved: &[Resolved], resolver_task: &str, why: &str) -> V
         .collect()
 }
 
-/// The Warning Event of a task's new state: (reason, note); none for `Current`.
-pub fn event(d: &Drift) -> Option<(&'static str, String)> {
+/// The Warning Event of a task's new state; none for `Current`.
+pub fn event(d: &Drift) -> Option<Event> {
     match &d.held {
         Held::Current => None,
-        Held::Lost { why } => Some((
-            crate::reason::Reason::PeerLost.as_str(),
+        Held::Lost { why } => Some(Event::warning(
+            Reason::PeerLost,
             format!(
                 "task {} ({}) has no live pod: {why}; the cluster this pod was given is stale",
                 d.task, d.was
             ),
         )),
-        Held::Replaced { pod, address, .. } if *address == d.was => Some((
-            crate::reason::Reason::PeerReplaced.as_str(),
+        Held::Replaced { pod, address, .. } if *address == d.was => Some(Event::warning(
+            Reason::PeerReplaced,
             format!(
                 "task {} ({}) is held by a new pod, {pod}, at the same address; the cluster this pod was given is stale",
                 d.task, d.was
             ),
         )),
-        Held::Replaced { pod, address, .. } => Some((
-            crate::reason::Reason::PeerReplaced.as_str(),
+        Held::Replaced { pod, address, .. } => Some(Event::warning(
+            Reason::PeerReplaced,
             format!(
                 "task {} moved: {} → {address} (pod {pod}); the cluster this pod was given is stale",
                 d.task, d.was
@@ -546,7 +548,7 @@ mod tests {
         );
         let d = assess(&r, &[original.clone(), moved]);
         assert_eq!(annotation(&d), "stale: worker/1 10.0.0.7 → 10.0.0.19");
-        assert_eq!(event(&d[1]).unwrap().0, "PeerReplaced");
+        assert_eq!(event(&d[1]).unwrap().reason.as_str(), "PeerReplaced");
         assert_eq!(
             moves(&d),
             Some(vec![Moved {
@@ -651,7 +653,7 @@ mod tests {
             "stale: worker/1 10.0.0.7 → 10.0.0.7 (new pod w-1-bbbb)"
         );
         assert_eq!(
-            event(&d[0]).unwrap().1,
+            event(&d[0]).unwrap().note,
             "task worker/1 (10.0.0.7) is held by a new pod, w-1-bbbb, at the same address; the cluster this pod was given is stale"
         );
         let m = moves(&d).unwrap();
@@ -801,7 +803,7 @@ mod tests {
         );
         assert!(matches!(d[1].held, Held::Replaced { .. }), "{:?}", d[1]);
         assert_eq!(
-            event(&d[2]).unwrap().1,
+            event(&d[2]).unwrap().note,
             "task worker/3 (10.0.0.9) has no live pod: the resolver pod sees no live pod for it; the cluster this pod was given is stale"
         );
         assert_eq!(moves(&d), None, "nothing moves while a task is lost");

@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod pod;
 pub mod previous;
 pub mod probe;
+pub mod recorder;
 pub mod state;
 pub mod transitions;
 

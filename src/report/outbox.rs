@@ -15,17 +15,19 @@
 //! that is not enough, nothing changes on the pod and an `AnnotationsTooLarge` Warning
 //! says why.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::budget;
-use super::transitions::Note;
+use super::recorder::Recorder;
 use crate::cluster::published::ANNOTATION as RESOLUTION;
-use crate::metrics::{Metrics, Readiness, ReasonLabel};
-use crate::publish::{self, EventBudget, Publisher, Throttle, TokenBucket, keys};
+use crate::event::Event;
+use crate::metrics::{Metrics, Readiness};
+use crate::publish::{self, Publisher, Throttle, keys};
+use crate::reason::Reason;
 
 /// Every API call gets at most this long: a server that accepts connections but never
 /// answers must not stall the reporter.
@@ -49,9 +51,6 @@ const REPORTED: [&str; 8] = [
     keys::REPORT,
 ];
 
-/// How often a summary of the Events dropped is logged.
-const DROP_LOG_EVERY: Duration = Duration::from_secs(60);
-
 pub struct Outbox {
     publisher: Option<Publisher>,
     published: BTreeMap<String, String>,
@@ -59,16 +58,13 @@ pub struct Outbox {
     /// The pod's other annotations (the user's, other agents'): they share the budget.
     others: BTreeMap<String, String>,
     desired: BTreeMap<String, Option<String>>,
-    events: VecDeque<Note>,
+    /// Every Event the agent sends.
+    events: Recorder,
     urgent: bool,
     throttle: Throttle,
-    budget: TokenBucket,
     next: Option<Instant>,
-    /// Why the last plan did not fit: (the Event's reason, its note), once announced.
-    over: Option<(&'static str, String)>,
-    /// Events dropped since the last summary, by reason.
-    dropped: BTreeMap<&'static str, u64>,
-    dropped_since: Instant,
+    /// Why the last plan did not fit, once announced.
+    over: Option<Event>,
 }
 
 impl Outbox {
@@ -79,14 +75,11 @@ impl Outbox {
             published_known: false,
             others: BTreeMap::new(),
             desired: BTreeMap::new(),
-            events: VecDeque::new(),
+            events: Recorder::new(now),
             urgent: false,
             throttle: Throttle::new(min_patch_interval),
-            budget: EventBudget::bucket(now),
             next: None,
             over: None,
-            dropped: BTreeMap::new(),
-            dropped_since: now,
         }
     }
 
@@ -122,7 +115,7 @@ impl Outbox {
 
     /// What the last plan could not publish, and why.
     pub fn unpublished(&self) -> Option<&str> {
-        self.over.as_ref().map(|(_, note)| note.as_str())
+        self.over.as_ref().map(|e| e.note.as_str())
     }
 
     /// What the pod carries of one of the reporters' keys, as far as the outbox knows.
@@ -163,8 +156,8 @@ impl Outbox {
             let carried = self.published.get(RESOLUTION).cloned();
             if self.desired.get(RESOLUTION) != Some(&carried) {
                 self.desired.insert(RESOLUTION.into(), carried);
-                why = Some((
-                    crate::reason::Reason::ClusterTooLarge.as_str(),
+                why = Some(Event::warning(
+                    Reason::ClusterTooLarge,
                     format!(
                         "cannot publish the cluster again for the other pods: {first}; they keep the cluster published before"
                     ),
@@ -179,24 +172,30 @@ impl Outbox {
                 .map(|k| (k.clone(), self.published.get(k).cloned()))
                 .collect();
             self.desired = keep;
-            why = Some((
-                "AnnotationsTooLarge",
+            why = Some(Event::warning(
+                Reason::AnnotationsTooLarge,
                 format!("cannot update trainlet's annotations on this pod: {e}"),
             ));
         }
-        if let Some((reason, note)) = why
-            && self.over.as_ref().map(|(r, _)| *r) != Some(reason)
+        if let Some(event) = why
+            && self.over.as_ref().map(|e| e.reason) != Some(event.reason)
         {
-            warn!(reason, "{note}");
-            self.over = Some((reason, note.clone()));
-            self.push((reason, note), true);
+            warn!(reason = event.reason.as_str(), "{}", event.note);
+            self.over = Some(event.clone());
+            self.record(event, true);
         }
     }
 
-    /// Queues an Event; `urgent` sends it (and the annotations) at once.
-    pub fn push(&mut self, note: Note, urgent: bool) {
-        self.events.push_back(note);
+    /// Queues an Event in the recorder; `urgent` sends it (and the annotations) at
+    /// once.
+    pub fn record(&mut self, event: Event, urgent: bool) {
+        self.events.record(event);
         self.urgent |= urgent;
+    }
+
+    /// The Events not sent yet, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &Event> {
+        self.events.queued()
     }
 
     /// Sends the next write at once rather than at the patch interval.
@@ -279,71 +278,12 @@ impl Outbox {
                 }
             }
         }
-        while let Some((reason, note)) = self.events.front().cloned() {
-            if !self.budget.take(Instant::now()) {
-                self.drop_event(reason, &note, metrics);
-                self.events.pop_front();
-                continue;
-            }
-            match tokio::time::timeout(API_TIMEOUT, publisher.warning(reason, &note)).await {
-                Ok(Ok(())) => {
-                    self.events.pop_front();
-                }
-                Ok(Err(e)) => {
-                    return self
-                        .failed(&format!("could not emit the {reason} Event: {e}"), metrics);
-                }
-                Err(_) => {
-                    return self.failed(
-                        &format!(
-                            "could not emit the {reason} Event: no answer within {API_TIMEOUT:?}"
-                        ),
-                        metrics,
-                    );
-                }
-            }
+        if let Err(e) = self.events.send(&publisher, metrics).await {
+            return self.failed(&e, metrics);
         }
         if self.schedule(Instant::now()) {
             ready.set();
         }
-    }
-
-    /// Counts a dropped Event. The log says so once per reason and minute, with the
-    /// note cut short, and then sums up: the notes may come from the training container,
-    /// which must not be able to fill the log through them.
-    fn drop_event(&mut self, reason: &'static str, note: &str, metrics: &Metrics) {
-        metrics
-            .events_dropped
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
-            .inc();
-        let now = Instant::now();
-        if now.duration_since(self.dropped_since) >= DROP_LOG_EVERY {
-            self.log_dropped();
-            self.dropped_since = now;
-        }
-        let n = self.dropped.entry(reason).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            warn!(
-                reason,
-                "too many Events; dropping this one and, for a while, others: {}",
-                publish::truncate(note, 160)
-            );
-        }
-    }
-
-    fn log_dropped(&mut self) {
-        if self.dropped.values().sum::<u64>() > 1 {
-            let by: Vec<String> = self
-                .dropped
-                .iter()
-                .map(|(r, n)| format!("{r} {n}"))
-                .collect();
-            warn!("dropped Events in the last minute: {}", by.join(", "));
-        }
-        self.dropped.clear();
     }
 
     /// One last send, bounded in time, when stopping: the interval and any backoff are
@@ -364,7 +304,7 @@ impl Outbox {
         .await;
         if sent.is_err() {
             warn!(
-                events = self.events.len(),
+                events = self.events.queued().count(),
                 "the last report did not go out within {}s",
                 within.as_secs_f64()
             );
@@ -463,7 +403,10 @@ mod tests {
         assert!(!outbox.schedule(now), "nowhere to publish yet");
         let pod = pod_with(&[]);
         outbox.attach(|| publisher(&pod), &pod);
-        outbox.push(("OOMKill", "process python was OOM-killed".into()), true);
+        outbox.record(
+            Event::warning(Reason::OomKill, "process python was OOM-killed"),
+            true,
+        );
         assert!(outbox.changes().is_empty());
         assert!(!outbox.schedule(now));
         assert_eq!(outbox.next(), Some(now), "urgent: at once");
@@ -507,13 +450,13 @@ mod tests {
             (RESOLUTION, Some(&resolution)),
         ]));
         assert!(!outbox.changes().contains_key(RESOLUTION));
-        assert_eq!(outbox.events.len(), 1);
-        assert_eq!(outbox.events[0].0, "ClusterTooLarge");
+        let reasons = |o: &Outbox| o.queued().map(|e| e.reason.as_str()).collect::<Vec<_>>();
+        assert_eq!(reasons(&outbox), ["ClusterTooLarge"]);
         outbox.want(want(&[
             (keys::HEALTH, Some("ok")),
             (RESOLUTION, Some(&resolution)),
         ]));
-        assert_eq!(outbox.events.len(), 1, "announced once");
+        assert_eq!(reasons(&outbox), ["ClusterTooLarge"], "announced once");
 
         // Nothing of it fits: nothing changes on the pod.
         let full = pod_with(&[(
@@ -527,14 +470,13 @@ mod tests {
             (keys::GPU_COUNT, Some("4")),
         ]));
         assert!(outbox.changes().is_empty());
-        assert_eq!(outbox.events.len(), 1);
-        assert_eq!(outbox.events[0].0, "AnnotationsTooLarge");
+        assert_eq!(reasons(&outbox), ["AnnotationsTooLarge"]);
+        let note = &outbox.queued().next().unwrap().note;
         assert!(
-            outbox.events[0].1.starts_with(
+            note.starts_with(
                 "cannot update trainlet's annotations on this pod: the pod's annotations would take"
             ),
-            "{}",
-            outbox.events[0].1
+            "{note}"
         );
     }
 }

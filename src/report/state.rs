@@ -14,8 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use super::budget::REPORT_MAX;
 use super::document::{ExecMark, GpuSection, Health, OomSection, Report, XidCount};
 use super::previous::Previous;
-use super::transitions::{Announced, Note, peer_transitions, transitions};
+use super::transitions::{Announced, peer_transitions, transitions};
 use crate::cluster::drift::{ClusterStatus, Drift};
+use crate::event::Event;
 use crate::publish::keys;
 use crate::report::probe::gpu::events::XidWatch;
 use crate::report::probe::gpu::xid::{XidError, XidLedger};
@@ -260,7 +261,7 @@ pub struct Step {
     /// The annotations the pod should carry: `Some` to set, `None` to remove.
     pub annotations: BTreeMap<String, Option<String>>,
     /// The Events of what changed since the last step.
-    pub events: Vec<Note>,
+    pub events: Vec<Event>,
     /// Publish at once (a new port conflict), not at the next patch interval.
     pub urgent: bool,
     /// A one-line summary, when it differs from the last one logged.
@@ -482,7 +483,7 @@ mod tests {
         let r = observe(&g, Some(&e), &free, &BTreeMap::new(), &[]);
         let (ev, urgent) = transitions(&mut ann, &r);
         assert_eq!(ev.len(), 1);
-        assert_eq!(ev[0].0, "GPUCountMismatch");
+        assert_eq!(ev[0].reason.as_str(), "GPUCountMismatch");
         assert!(!urgent);
         // The same state again: nothing.
         assert_eq!(transitions(&mut ann, &r), (vec![], false));
@@ -660,7 +661,7 @@ mod tests {
         observe(&mut state, &gpus(4), None);
         let first = observe(&mut state, &gpus(0), None);
         assert_eq!(first.events.len(), 1);
-        let said = first.events[0].1.clone();
+        let said = first.events[0].note.clone();
         assert_eq!(
             said,
             "container trainer saw 4 GPUs and now sees 0 (NVML: ok)"
@@ -762,7 +763,7 @@ mod tests {
         let s = step_gpu(&mut state, &gone, 4, &XidLedger::default());
         assert_eq!(s.report.health, Health::Degraded);
         let note = "container trainer saw 4 GPUs and now sees 0 (NVML: unavailable: query failed: GPU is lost)";
-        assert_eq!(s.events, [("GPULost", note.to_string())]);
+        assert_eq!(pairs(&s), [("GPULost", note)]);
         assert!(s.urgent);
         // Still lost: no second Event.
         let s = step_gpu(&mut state, &gone, 4, &XidLedger::default());
@@ -811,11 +812,8 @@ mod tests {
         assert_eq!(s.report.health, Health::Degraded);
         assert_eq!(s.report.reasons, [mismatch, lost]);
         assert_eq!(
-            s.events,
-            [
-                ("GPUCountMismatch", mismatch.to_string()),
-                ("GPULost", lost.to_string())
-            ]
+            pairs(&s),
+            [("GPUCountMismatch", mismatch), ("GPULost", lost)]
         );
         assert_eq!(s.annotations[keys::GPU_COUNT], Some("3".into()));
         let v: serde_json::Value = serde_json::from_str(&render(&s.report)).unwrap();
@@ -862,11 +860,8 @@ mod tests {
         assert_eq!(s.report.reasons, [mismatch, reset]);
         assert_eq!(s.report.gpu.lost, None);
         assert_eq!(
-            s.events,
-            [
-                ("GPUCountMismatch", mismatch.to_string()),
-                ("GPUResetRequired", reset.to_string())
-            ]
+            pairs(&s),
+            [("GPUCountMismatch", mismatch), ("GPUResetRequired", reset)]
         );
         assert!(s.urgent);
         assert!(step(&mut state, &g).events.is_empty());
@@ -920,7 +915,15 @@ mod tests {
     }
 
     fn reasons(s: &Step) -> Vec<&str> {
-        s.events.iter().map(|(r, _)| *r).collect()
+        s.events.iter().map(|e| e.reason.as_str()).collect()
+    }
+
+    /// Each Event as (reason, note).
+    fn pairs(s: &Step) -> Vec<(&str, &str)> {
+        s.events
+            .iter()
+            .map(|e| (e.reason.as_str(), e.note.as_str()))
+            .collect()
     }
 
     fn free() -> BTreeMap<u16, PortState> {
@@ -957,7 +960,7 @@ mod tests {
         assert_eq!(lost.report.health, Health::Degraded);
         assert_eq!(reasons(&lost), ["GPUCountMismatch"]);
         assert_eq!(
-            lost.events[0].1,
+            lost.events[0].note,
             "container trainer sees 3 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])"
         );
         assert_eq!(lost.annotations[keys::HEALTH], Some("degraded".into()));
@@ -986,10 +989,10 @@ mod tests {
         assert_eq!(reasons(&s), ["GPUUnavailable"]);
         assert!(
             s.events[0]
-                .1
+                .note
                 .starts_with("container trainer expects 2 GPUs (resources.limits[\"nvidia.com/gpu\"]) but NVML is unavailable: "),
             "{}",
-            s.events[0].1
+            s.events[0].note
         );
         assert!(
             step(&mut st, &none, Some(&e), &free(), &[])

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::document::Report;
 use crate::cluster::drift::{self, Drift, Held};
+use crate::event::Event;
+use crate::reason::Reason;
 use crate::report::probe::gpu::{self, GpuInfo, GpuStatus};
 use crate::report::probe::ports;
 
@@ -23,13 +25,10 @@ pub struct Announced {
     peers: BTreeMap<String, String>,
 }
 
-/// An Event to emit: (reason, note).
-pub type Note = (&'static str, String);
-
 /// The Events for what changed since the last report, and whether any of it is urgent
 /// (a new conflict: publish at once). OOM kills are announced where they are
 /// recorded, one Event each.
-pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bool) {
+pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Event>, bool) {
     let mut out = Vec::new();
     let mut urgent = false;
     let now = (report.gpu.status.clone(), report.gpu.count);
@@ -52,14 +51,14 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
             };
             let was = announced.gpu.as_ref().map(|(s, _)| s.clone());
             match report.gpu.status {
-                GpuStatus::Mismatch => out.push((
-                    crate::reason::Reason::GpuCountMismatch.as_str(),
+                GpuStatus::Mismatch => out.push(Event::warning(
+                    Reason::GpuCountMismatch,
                     gpu::message(&info, e, &report.container),
                 )),
                 GpuStatus::Unavailable if was != Some(GpuStatus::Unavailable) => {
                     let why = report.gpu.nvml.trim_start_matches("unavailable: ");
-                    out.push((
-                        crate::reason::Reason::GpuUnavailable.as_str(),
+                    out.push(Event::warning(
+                        Reason::GpuUnavailable,
                         format!(
                             "container {} expects {} GPU{} ({}) but NVML is unavailable: {why}",
                             report.container,
@@ -76,7 +75,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
     }
     match &report.gpu.lost {
         Some(why) if announced.lost.is_none() => {
-            out.push((crate::reason::Reason::GpuLost.as_str(), why.clone()));
+            out.push(Event::warning(Reason::GpuLost, why.clone()));
             urgent = true;
             announced.lost = Some(why.clone());
         }
@@ -84,7 +83,7 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
         Some(_) => {}
     }
     for note in gpu::new_resets(&report.gpu.faulty, &mut announced.resets, &report.container) {
-        out.push((crate::reason::Reason::GpuResetRequired.as_str(), note));
+        out.push(Event::warning(Reason::GpuResetRequired, note));
         urgent = true;
     }
     let conflicts: BTreeSet<u16> = report
@@ -95,8 +94,8 @@ pub fn transitions(announced: &mut Announced, report: &Report) -> (Vec<Note>, bo
         .collect();
     for p in report.ports.iter().filter(|p| p.state.is_conflict()) {
         if !announced.conflicts.contains(&p.port) {
-            out.push((
-                crate::reason::Reason::PortConflict.as_str(),
+            out.push(Event::warning(
+                Reason::PortConflict,
                 ports::conflict_message(p.port, &p.state, &report.container),
             ));
             urgent = true;
@@ -118,7 +117,7 @@ fn held_key(h: &Held) -> String {
 
 /// PeerLost / PeerReplaced, once per task and state (a pod being deleted, then gone,
 /// then replaced without an address yet is one loss); a task back to current clears.
-pub fn peer_transitions(announced: &mut Announced, cluster: &[Drift]) -> Vec<Note> {
+pub fn peer_transitions(announced: &mut Announced, cluster: &[Drift]) -> Vec<Event> {
     let mut out = Vec::new();
     for d in cluster {
         let key = held_key(&d.held);

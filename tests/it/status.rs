@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use trainlet::event::Event;
 use trainlet::publish::{Publisher, keys};
+use trainlet::reason::Reason;
 
 use crate::support::*;
 
@@ -145,8 +147,8 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
             let step = published(&format!("worker/{i}"), seen);
             let sidecar = Publisher::new(client.clone(), &created, "trainlet-sidecar");
             sidecar.annotate(&step.annotations).await.unwrap();
-            for (reason, note) in &step.events {
-                sidecar.warning(reason, note).await.unwrap();
+            for event in &step.events {
+                sidecar.event(event).await.unwrap();
             }
             if seen == 2 {
                 mismatch = step.events;
@@ -155,9 +157,9 @@ async fn status_shows_the_job_and_its_verdict_with_read_only_rights() {
     }
     assert_eq!(
         mismatch,
-        [(
-            "GPUCountMismatch",
-            "container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])".to_string()
+        [Event::warning(
+            Reason::GpuCountMismatch,
+            "container main sees 2 GPUs (Fake GPU) but 4 are expected (resources.limits[\"nvidia.com/gpu\"])"
         )]
     );
     // Another job's pod in the namespace is not shown.
@@ -216,10 +218,10 @@ Job mnist: degraded: mnist-1 (container main sees 2 GPUs (Fake GPU) but 4 are ex
 
     // Another pod's Event, newer than the job's, is not the job's.
     Publisher::new(client.clone(), &other, "trainlet-sidecar")
-        .warning(
-            "OOMKill",
+        .event(&Event::warning(
+            Reason::OomKill,
             "container main was OOM-killed (exit code 137) and restarted (restart 1)",
-        )
+        ))
         .await
         .unwrap();
     let r = run(trainlet()
