@@ -25,6 +25,10 @@ use thiserror::Error;
 use crate::event::Event;
 use crate::kube::{KubeError, classify};
 
+/// Every API call of the reporters gets at most this long: a server that accepts
+/// connections but never answers must not stall them.
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The annotation keys trainlet writes. They are a contract: dashboards and controllers
 /// read them.
 pub mod keys {
@@ -170,7 +174,7 @@ impl Publisher {
     /// or conflict is its own fact with its own message (kube-runtime's recorder folds
     /// Events of one reason into a series that keeps the first note). The note is cut
     /// at 1 kB. The reporters rate-limit through their recorder
-    /// ([`crate::report::recorder`]); `init` emits at most two.
+    /// (the agent's recorder); `init` emits at most two.
     pub async fn event(&self, event: &Event) -> Result<(), PublishError> {
         let now = k8s_openapi::jiff::Timestamp::now();
         let reason = event.reason.as_str();

@@ -1,4 +1,6 @@
-//! What the reporters are to do, and how they can fail.
+//! What the agent is to do, one config per component (linkerd's proxy is the model):
+//! what the probes look at, how the agent publishes, and what only its role has; and
+//! how it can fail.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,11 +17,21 @@ use crate::supervise::policy::Policy;
 
 pub use crate::report::Mode;
 
-/// What the reporters are to do, validated.
+/// What either agent is to do, validated; what only one of them has comes beside it
+/// ([`SidecarConfig`], [`ExecConfig`]) and goes into its role.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub mode: Mode,
     pub kube: k8s::Settings,
+    pub probes: ProbeConfig,
+    pub publish: PublishConfig,
+    /// `cluster.json`, whose peers the sidecar (and exec, with API credentials) watch
+    /// after the start.
+    pub cluster_file: Option<PathBuf>,
+}
+
+/// What the probes look at, and how often.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
     /// The NVML library to load instead of the system's.
     pub nvml_lib: Option<PathBuf>,
     /// The expected GPU count, instead of the training container's limit.
@@ -27,25 +39,47 @@ pub struct Config {
     /// The training container, instead of the first that is not trainlet's.
     pub container: Option<String>,
     pub interval: Duration,
+    /// The sidecar: the ports to watch (replacing the containerPorts). exec: the task's
+    /// own server port from TF_CONFIG (added to the containerPorts).
+    pub ports: Vec<u16>,
+}
+
+/// How the agent publishes.
+#[derive(Debug, Clone)]
+pub struct PublishConfig {
     pub min_patch_interval: Duration,
     /// Where `/metrics` is served, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
-    /// Sidecar: the ports to watch (replacing the containerPorts). Exec: the task's own
-    /// server port from TF_CONFIG (added to the containerPorts).
-    pub ports: Vec<u16>,
-    /// Sidecar: the node's cgroup filesystem, to watch the training container's OOM kills.
+}
+
+/// Which agent this is, with its own flags: made into its role once.
+#[derive(Debug, Clone)]
+pub enum RoleConfig {
+    Sidecar(SidecarConfig),
+    Exec(ExecConfig),
+}
+
+/// `trainlet sidecar`'s own flags.
+#[derive(Debug, Clone, Default)]
+pub struct SidecarConfig {
+    /// The node's cgroup filesystem, to watch the training container's OOM kills.
     pub cgroup_root: Option<PathBuf>,
-    /// Sidecar: exit once the training container has terminated for good.
+    /// Exit once the training container has terminated for good.
     pub exit_with_main: bool,
-    /// The handover directory: exec writes its observations there instead of
-    /// publishing them; the sidecar reads them and publishes for both.
+    /// The handover directory: the training container's exec writes its observations
+    /// there, and this sidecar publishes them.
     pub observations: Option<PathBuf>,
-    /// `cluster.json`, whose peers the sidecar (and exec, with API credentials) watch
-    /// after the start.
-    pub cluster_file: Option<PathBuf>,
-    /// Exec: what a peer lost or replaced, or a stall, does to CMD.
+}
+
+/// `trainlet exec --report`'s own flags.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// The handover directory: exec writes its observations there instead of
+    /// publishing them (it has no credentials).
+    pub observations: Option<PathBuf>,
+    /// What a peer lost or replaced, a stall or a failure does to CMD.
     pub restart: Policy,
-    /// Exec: CMD's progress is watched (`--stall-after`, `--progress-pattern`).
+    /// CMD's progress is watched (`--stall-after`, `--progress-pattern`).
     pub progress: Option<WatchConfig>,
 }
 
@@ -61,10 +95,11 @@ pub enum ReportError {
     Signals(std::io::Error),
 }
 
-impl Config {
-    /// The agent's role, decided here once.
-    pub fn role(&self) -> super::Role {
-        super::Role::of(self.mode, self.observations.as_deref())
+impl ExecConfig {
+    /// exec without credentials: it hands its observations to the sidecar
+    /// (`--observations`).
+    pub fn hands_over(&self) -> bool {
+        self.observations.is_some()
     }
 }
 

@@ -22,7 +22,7 @@ impl Engine {
     /// schedules what changed.
     pub(super) fn evaluate(&mut self) {
         let container = self.container_name();
-        let expected = pod::expected_gpus(self.cfg.expect_gpus, self.training());
+        let expected = pod::expected_gpus(self.cfg.probes.expect_gpus, self.training());
         let mut sources = self.probes.oom.sources();
         if self.link.is_some() {
             sources.push("pod status".into());
@@ -36,7 +36,7 @@ impl Engine {
         let mut ports = Cow::Borrowed(&self.probes.listeners.states);
         let mut unknown = None;
         let (gpu, gpus_seen, gpu_lost, xid_watch) =
-            match self.inbox.as_ref().and_then(|i| i.fresh(now)) {
+            match self.role.inbox().and_then(|i| i.fresh(now)) {
                 Some(o) => {
                     exec_gpu = o.gpu_info();
                     ports.to_mut().extend(o.port_states());
@@ -70,7 +70,7 @@ impl Engine {
             .or_else(|| self.outbox.unpublished())
             .map(str::to_string);
         let step = self.state.step(Observed {
-            mode: self.cfg.mode.as_str(),
+            mode: self.role.mode().as_str(),
             container: &container,
             since: &self.clock.since,
             gpu,
@@ -90,8 +90,8 @@ impl Engine {
             // A pod on its way out (deleted, or stopped by its Job's success policy)
             // says nothing of its peers going too: the job is ending, not breaking.
             cluster: self
-                .peers
-                .as_ref()
+                .role
+                .peers()
                 .and_then(|p| p.drift.as_deref())
                 .filter(|_| !self.view.deleting()),
             unpublished: unpublished.as_deref(),
@@ -104,10 +104,10 @@ impl Engine {
     /// A sidecar without GPUs of its own and without fresh observations from exec:
     /// why the count is unknown.
     fn gpus_unknown(&self, now: SystemTime) -> Option<String> {
-        if self.cfg.mode != Mode::Sidecar || self.probes.gpus.own() {
+        if self.role.mode() != Mode::Sidecar || self.probes.gpus.own() {
             return None;
         }
-        Some(match &self.inbox {
+        Some(match self.role.inbox() {
             Some(i) => i.why_unknown(&self.probes.gpus.info.nvml_status(), now),
             None => format!(
                 "this sidecar has no GPU of its own (NVML: {}) and no observations from trainlet exec (--{})",
@@ -148,7 +148,7 @@ impl Engine {
     /// already says whether the cluster is current, and for NVML's event registration,
     /// so that it says which GPUs are watched: one patch, not two.
     fn first_report_waits(&self) -> bool {
-        let peers_pending = self.peers.as_ref().is_some_and(|p| p.drift.is_none())
+        let peers_pending = self.role.peers().is_some_and(|p| p.drift.is_none())
             && self.clock.at.elapsed() < peer_watch::FIRST_LIST_WAIT;
         let gpus_pending = self.probes.gpus.registering()
             && self.clock.at.elapsed() < super::gpu::REGISTRATION_WAIT;

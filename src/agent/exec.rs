@@ -9,11 +9,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
 
+use super::config::{ExecConfig, RoleConfig};
+use super::input::Input;
 use super::peers_file::Incoming;
-use super::{Config, Engine, Mode, ReportError, peers_file};
+use super::{Config, Engine, ReportError, peers_file};
 use crate::cluster::drift::ClusterStatus;
 use crate::event::Event;
-use crate::peers::drift::{self as peer_watch, PeerWatch};
+use crate::peers::drift::PeerWatch;
 use crate::reason::Reason;
 use crate::report::probe::oom::{self, OomKill};
 use crate::signal::{self, Signals};
@@ -23,7 +25,7 @@ use crate::stall::progress::{Metric, Reported};
 use crate::stall::watching::News;
 use crate::supervise::child::Child;
 use crate::supervise::decide::Failed;
-use crate::supervise::lifecycle::{self, Reporter, Standing};
+use crate::supervise::lifecycle::{self, Handback, Reporter, Standing};
 use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
 use crate::{Code, Failure, flags, kubeflow};
 
@@ -42,10 +44,20 @@ fn reported(s: kubeflow::request::TrainerStatus) -> Reported {
 }
 
 impl Engine {
+    /// exec's own flags. The engine the supervisor drives is only ever made by
+    /// [`exec_reporter`], with exec's role.
+    fn exec_config(&self) -> &ExecConfig {
+        &self
+            .role
+            .exec()
+            .expect("the supervisor drives exec's engine only")
+            .cfg
+    }
+
     /// Exec with `--on-peer-change restart|exit`: the stale cluster to act on, while
     /// CMD runs.
     pub(super) fn act_on_stale(&self) -> Option<String> {
-        if self.cfg.mode != Mode::Exec || self.cfg.restart.on_change == OnPeerChange::Report {
+        if self.role.exec()?.cfg.restart.on_change == OnPeerChange::Report {
             return None;
         }
         self.cluster_view()?.status()?.stale().map(String::from)
@@ -58,13 +70,14 @@ impl Engine {
 /// (`render::frameworks::listen_ports`).
 pub async fn exec_reporter(
     mut cfg: Config,
+    own: ExecConfig,
     cmd: std::process::Command,
     program: &str,
     own_ports: Vec<u16>,
     kubeflow: Option<kubeflow::server::Prepared>,
 ) -> Result<(Engine, Signals, Child), ReportError> {
-    cfg.ports.extend(own_ports);
-    let mut engine = Engine::new(cfg);
+    cfg.probes.ports.extend(own_ports);
+    let mut engine = Engine::new(cfg, RoleConfig::Exec(own));
     let mut wanted = signal::FORWARD.to_vec();
     wanted.push(signal::SIGCHLD);
     let signals = Signals::new(&wanted).map_err(ReportError::Signals)?;
@@ -83,7 +96,7 @@ pub async fn exec_reporter(
             engine.probes.oom.errors.insert("oom".into(), e.to_string());
         }
     }
-    let watch = engine.progress.watching.as_ref().map(|w| w.watch.clone());
+    let watch = engine.output_watch();
     if let (Some(k), Some(w)) = (kubeflow, watch.clone()) {
         tokio::spawn(k.serve(move |s| {
             let step = s.step();
@@ -95,10 +108,10 @@ pub async fn exec_reporter(
     // not leave the sidecar a GPU count of 0 that nothing probed.
     engine.probes.gpus.probe();
 
-    if engine.outgoing.is_some() {
+    if engine.role.hands_over() {
         // The sidecar publishes: this container needs (and has) no API credentials.
         info!(
-            dir = %engine.cfg.observations.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+            dir = %engine.role.exec().and_then(|e| e.cfg.observations.as_ref()).map(|d| d.display().to_string()).unwrap_or_default(),
             "handing observations to the trainlet sidecar"
         );
     } else if let Err(e) = engine.connect().await {
@@ -106,13 +119,13 @@ pub async fn exec_reporter(
     }
     // The name may have changed now that the pod is known. Handing over, exec knows
     // no pod: its own kills name no container (the sidecar names it).
-    let name = match (&engine.outgoing, &engine.cfg.container) {
-        (Some(_), None) => String::new(),
+    let name = match (engine.role.hands_over(), &engine.cfg.probes.container) {
+        (true, None) => String::new(),
         _ => engine.container_name(),
     };
     engine.probes.oom.name_own(name);
     engine.start_peer_watch();
-    if let Some(p) = engine.peers_in.as_mut() {
+    if let Some(p) = engine.role.peers_in_mut() {
         p.read();
         p.watch();
     }
@@ -123,61 +136,57 @@ pub async fn exec_reporter(
 
 impl Reporter for Engine {
     fn policy(&self) -> &Policy {
-        &self.cfg.restart
+        &self.exec_config().restart
     }
 
-    async fn run(&mut self, cmd: &mut Child, signals: &mut Signals) {
-        let mut wake = self.wake();
-        loop {
-            let input = self.next_input(&mut wake, signals).await;
-            self.on_input(input, &mut wake, Some(&mut *cmd)).await;
-            if self.life.stop
-                || cmd.exit.is_some()
-                || self.act_on_stale().is_some()
+    async fn run(&mut self, signals: &mut Signals) -> Handback {
+        // The loop's timers and pod watch go on from one call to the next: a signal
+        // handed back is no reason to list the pod again.
+        let mut wake = self.wake.take().unwrap_or_else(|| self.wake());
+        let back = loop {
+            match self.next_input(&mut wake, signals).await {
+                Input::Signal(sig) => break Handback::Signal(sig),
+                input => self.on_input(input, &mut wake).await,
+            }
+            if self.act_on_stale().is_some()
                 || self.act_on_stall().is_some()
                 || self.act_on_failure().is_some()
             {
-                break;
+                break Handback::Standing;
             }
-        }
+        };
+        self.wake = Some(wake);
+        back
     }
 
     fn standing(&self) -> Standing {
         Standing {
-            stopped: self.life.stop,
-            terminating: self.life.terminating,
             stale: self.act_on_stale(),
             stalled: self.act_on_stall(),
             failed: self.act_on_failure(),
+            ..Standing::default()
         }
     }
 
     fn output_watch(&self) -> Option<std::sync::Arc<crate::supervise::output::Watch>> {
-        self.progress.watching.as_ref().map(|w| w.watch.clone())
+        Engine::output_watch(self)
     }
 
-    async fn settle(&mut self, cmd: &mut Child, signals: &mut Signals, until: Instant) {
+    async fn settle(&mut self, signals: &mut Signals, until: Instant) -> Handback {
         while self.act_on_stale().is_none() && Instant::now() < until {
             tokio::select! {
-                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
-                Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
+                input = self.role.next() => self.on_role_input(input),
                 // Where inotify is missing, the file is read once more at the end.
                 _ = tokio::time::sleep_until(until.into()) => self.on_peers_file(),
-                sig = signals.recv() => match sig {
-                    Some(signal::SIGCHLD) => cmd.reap(),
-                    Some(s) if signal::STOP.contains(&s) => {
-                        self.life.stop = true;
-                        return;
-                    }
-                    _ => {}
-                },
+                sig = signals.recv() => return Handback::Signal(sig),
             }
         }
+        Handback::Standing
     }
 
     async fn restarting(&mut self, n: u32, note: String) {
         self.record(Event::warning(Reason::Restarting, note.clone()), true);
-        if let Some(out) = self.outgoing.as_mut() {
+        if let Some(out) = self.role.outgoing_mut() {
             // The sidecar announces it.
             out.restart = Some(crate::handover::observation::RestartObservation {
                 restarts: n,
@@ -194,21 +203,22 @@ impl Reporter for Engine {
     /// sidecar has moved the files to the replacements and says `current` with a
     /// higher generation. With credentials, nothing: the init workflow waits itself.
     async fn wait_for_files(&mut self) -> Result<(), Failure> {
-        let Some(wait) = self.peers_in.as_ref().map(peers_file::Incoming::wait) else {
+        let Some(wait) = self.role.peers_in().map(peers_file::Incoming::wait) else {
             return Ok(());
         };
-        let deadline = self.cfg.restart.wait.map(|w| Instant::now() + w);
-        if let Some(r) = self.outgoing.as_mut().and_then(|o| o.restart.as_mut()) {
+        let limit = self.exec_config().restart.wait;
+        let deadline = limit.map(|w| Instant::now() + w);
+        if let Some(r) = self.role.outgoing_mut().and_then(|o| o.restart.as_mut()) {
             r.waiting = true;
         }
         self.hand_over(None);
         info!("waiting for the trainlet sidecar to see every task live again and move the files");
         // Every --interval: the observation stays fresh for the sidecar, and the file is
         // read where inotify is missing.
-        let every = self.cfg.interval;
+        let every = self.cfg.probes.interval;
         let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);
         loop {
-            if let Some(p) = self.peers_in.as_mut() {
+            if let Some(p) = self.role.peers_in_mut() {
                 p.read();
                 if p.over(&wait) {
                     return Ok(());
@@ -217,7 +227,7 @@ impl Reporter for Engine {
             if let Some(d) = deadline
                 && Instant::now() >= d
             {
-                let wait = self.cfg.restart.wait.unwrap_or_default();
+                let wait = limit.unwrap_or_default();
                 let stale = self.act_on_stale().unwrap_or_default();
                 return Err(Failure::new(
                     Code::NotReady,
@@ -231,14 +241,14 @@ impl Reporter for Engine {
                 ));
             }
             tokio::select! {
-                _ = peers_file::next_state(&mut self.peers_in) => {}
+                _ = self.role.next() => {}
                 _ = tick.tick() => self.hand_over(None),
             }
         }
     }
 
     fn generation(&self) -> Option<u64> {
-        self.peers.as_ref().and_then(|p| p.generation)
+        self.role.peers().and_then(|p| p.generation)
     }
 
     fn whose(&self) -> String {
@@ -258,7 +268,7 @@ impl Reporter for Engine {
     }
 
     fn started_again(&mut self) {
-        if let Some(r) = self.outgoing.as_mut().and_then(|o| o.restart.as_mut()) {
+        if let Some(r) = self.role.outgoing_mut().and_then(|o| o.restart.as_mut()) {
             r.waiting = false;
         }
         self.progress_restarted();
@@ -266,10 +276,7 @@ impl Reporter for Engine {
         // The new cluster is the one to watch from now on, from a fresh list: the old
         // watches were not read while CMD was down, and what they buffered would first
         // show the new cluster stale again.
-        self.peers = match self.cfg.cluster_file.as_deref() {
-            Some(f) if self.role.watches_peers() => peer_watch::PeerWatch::load(f),
-            _ => None,
-        };
+        self.role.reload_peers(self.cfg.cluster_file.as_deref());
         self.start_peer_watch();
         self.refresh();
     }
@@ -316,10 +323,10 @@ impl Engine {
     pub(super) fn check_progress(&mut self, ended: bool) {
         let now = SystemTime::now();
         let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
-        let Some(mut w) = self.progress.watching.take() else {
+        let Some(mut w) = self.role.exec_mut().and_then(|e| e.watching.take()) else {
             return;
         };
-        let progress = w.sample(now, ticks, self.cfg.interval);
+        let progress = w.sample(now, ticks, self.cfg.probes.interval);
         let news = if w.judges(ended) {
             let peers = self.peer_progress();
             w.check(&progress, peers, now, || self.probes.gpus.utilization())
@@ -327,7 +334,9 @@ impl Engine {
             None
         };
         let standing = w.standing();
-        self.progress.watching = Some(w);
+        if let Some(e) = self.role.exec_mut() {
+            e.watching = Some(w);
+        }
         match news {
             Some(News::Stalled { n, note }) => {
                 warn!(stall = n, "{note}");
@@ -343,10 +352,7 @@ impl Engine {
     /// begin ([`crate::stall::watching::StallWatch::due`]), while no check judged it
     /// (a moment passed without a stall, a rank only silent, waits for the probes).
     pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
-        if self.cfg.mode != Mode::Exec {
-            return None;
-        }
-        let due = self.progress.watching.as_ref()?.due()?;
+        let due = self.role.exec()?.watching.as_ref()?.due()?;
         // Past already (exec got to it late): at once.
         let left = due.duration_since(SystemTime::now()).unwrap_or_default();
         // A millisecond past it, so that the check's own clock reads it as passed.
@@ -356,10 +362,11 @@ impl Engine {
     /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
     /// own, or a peer's ([`crate::stall::peers::to_act_on`]).
     pub(super) fn act_on_stall(&self) -> Option<String> {
-        if self.cfg.mode != Mode::Exec || self.cfg.restart.on_stall == OnStall::Report {
+        let e = self.role.exec()?;
+        if e.cfg.restart.on_stall == OnStall::Report {
             return None;
         }
-        let w = self.progress.watching.as_ref()?;
+        let w = e.watching.as_ref()?;
         let peers = self.peer_stalls();
         let own = self
             .view
@@ -389,10 +396,12 @@ impl Engine {
     /// CMD started again: its silence counts from now, and the peers' stalls known now
     /// were answered by this restart. Called before the peer watch is made anew.
     pub(super) fn progress_restarted(&mut self) {
-        self.progress.restarts += 1;
         let known = self.peer_stalls();
-        if let Some(w) = self.progress.watching.as_mut() {
-            w.restarted(SystemTime::now(), known);
+        if let Some(e) = self.role.exec_mut() {
+            e.restarts += 1;
+            if let Some(w) = e.watching.as_mut() {
+                w.restarted(SystemTime::now(), known);
+            }
         }
     }
 }
@@ -456,7 +465,7 @@ impl Engine {
     /// The cluster as this process sees it: `peers.json` handing over, else the own
     /// peer watch; `None` without a resolved cluster.
     pub(super) fn cluster_view(&self) -> Option<ClusterView<'_>> {
-        match (&self.peers_in, &self.peers) {
+        match (self.role.peers_in(), self.role.peers()) {
             (Some(f), _) => Some(ClusterView::File(f)),
             (None, Some(w)) => Some(ClusterView::Watch(w)),
             _ => None,

@@ -8,8 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::info;
 
-use super::{Engine, Mode, peers_file};
-use crate::peers::drift as peer_watch;
+use super::Engine;
 use crate::stall::group::{self, PeerFailure, PeerRun};
 use crate::stall::observation::{FailedObservation, ProgressObservation};
 use crate::stall::progress::Scope;
@@ -84,8 +83,8 @@ impl Engine {
     /// exec with `--on-failure restart`: the peer's failure to restart CMD for, while it
     /// runs ([`group::failure_to_act_on`]).
     pub(super) fn act_on_failure(&self) -> Option<Failed> {
-        let g = &self.progress.group;
-        if self.cfg.mode != Mode::Exec || !g.on || !g.together {
+        let g = &self.role.exec()?.group;
+        if !g.on || !g.together {
             return None;
         }
         let failures = self.peer_failures();
@@ -107,7 +106,7 @@ impl Engine {
                 .pod_name()
                 .unwrap_or_else(|| "this pod".into()),
         };
-        match &self.progress.group.task {
+        match self.role.exec().and_then(|e| e.group.task.as_ref()) {
             Some(task) => format!("pod {pod} ({task})"),
             None => format!("pod {pod}"),
         }
@@ -115,32 +114,40 @@ impl Engine {
 
     /// CMD failed and every rank restarts for it: published at once.
     pub(super) async fn publish_failure(&mut self, failed: &Failed) {
-        self.progress.group.failed = Some(failed.clone());
+        if let Some(e) = self.role.exec_mut() {
+            e.group.failed = Some(failed.clone());
+        }
         self.publish_run().await;
     }
 
     /// The peers' failures known now are answered without a restart.
     pub(super) fn pass_failures(&mut self) {
-        self.progress.group.acted = self.peer_failures();
+        let acted = self.peer_failures();
+        if let Some(e) = self.role.exec_mut() {
+            e.group.acted = acted;
+        }
     }
 
     /// CMD started again: the peers' failures known now were answered by this restart.
     pub(super) fn group_restarted(&mut self, now: SystemTime) {
-        self.progress.group.started = now;
-        self.progress.group.down = false;
-        self.progress.group.acted = self.peer_failures();
+        let acted = self.peer_failures();
+        if let Some(e) = self.role.exec_mut() {
+            e.group.started = now;
+            e.group.down = false;
+            e.group.acted = acted;
+        }
     }
 
     /// The barrier: says that CMD is stopped, and waits until every peer has stopped
     /// the CMD of the run that failed at `since`, or `until`; returns the peers that
     /// had not. In ParameterServer training nothing waits.
     pub(super) async fn barrier(&mut self, since: SystemTime, until: Instant) -> Vec<String> {
-        if !self.progress.group.together {
+        let Some(e) = self.role.exec_mut().filter(|e| e.group.together) else {
             return Vec::new();
-        }
-        self.progress.group.down = true;
+        };
+        e.group.down = true;
         self.publish_run().await;
-        let every = self.cfg.interval;
+        let every = self.cfg.probes.interval;
         let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);
         let mut said = false;
         loop {
@@ -156,8 +163,7 @@ impl Engine {
                 said = true;
             }
             tokio::select! {
-                Some((i, ev)) = peer_watch::next_event(&mut self.peers) => self.on_peer_event(i, ev),
-                Some(()) = peers_file::next_state(&mut self.peers_in) => self.on_peers_file(),
+                input = self.role.next() => self.on_role_input(input),
                 // Where inotify is missing, the file is read every --interval; the
                 // observation stays fresh for the sidecar.
                 _ = tick.tick() => {
@@ -171,7 +177,7 @@ impl Engine {
 
     /// The run as it is now, out at once: handed over to the sidecar, or patched.
     async fn publish_run(&mut self) {
-        if self.outgoing.is_some() {
+        if self.role.hands_over() {
             self.hand_over(None);
         } else {
             self.evaluate();

@@ -10,13 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use tracing::{info, warn};
 
+use super::Engine;
 use super::link::next_pod;
-use super::{Engine, Mode, observations, peers_file};
 use crate::peers::drift as peer_watch;
 use crate::report::probe::gpu::events::GpuEvent;
 use crate::report::probe::oom::watch as oom_watch;
 use crate::signal::{self, Signals};
-use crate::supervise::child::Child;
 
 /// What woke the loop.
 pub(super) enum Input {
@@ -91,9 +90,7 @@ impl Engine {
         tokio::select! {
             sig = signals.recv() => Input::Signal(sig),
             ev = next_pod(&mut wake.pods) => Input::Pod(ev),
-            Some((i, ev)) = peer_watch::next_event(&mut self.peers) => Input::Peer(i, ev),
-            Some(()) = peers_file::next_state(&mut self.peers_in) => Input::PeersFile,
-            Some(()) = observations::next_version(&mut self.inbox) => Input::Observations,
+            input = self.role.next() => input,
             Some(ev) = self.probes.gpus.next_event() => Input::Gpu(ev),
             Some(_idx) = self.probes.oom.notified() => Input::OomNotified,
             _ = tokio::time::sleep_until(wake.next_probe.into()) => Input::Probe {
@@ -108,15 +105,11 @@ impl Engine {
         }
     }
 
-    /// Handles one input. `cmd` is exec's CMD, to forward signals to and reap.
-    pub(super) async fn on_input(
-        &mut self,
-        input: Input,
-        wake: &mut Wake,
-        cmd: Option<&mut Child>,
-    ) {
+    /// Handles one input. exec's loop hands signals back to the supervisor before
+    /// they get here: only the sidecar's come.
+    pub(super) async fn on_input(&mut self, input: Input, wake: &mut Wake) {
         match input {
-            Input::Signal(sig) => self.on_signal(sig, cmd),
+            Input::Signal(sig) => self.on_signal(sig),
             Input::Pod(Some(Ok(pod))) => {
                 self.on_pod(pod);
                 self.refresh();
@@ -126,13 +119,7 @@ impl Engine {
                 warn!("watching the own pod: {e}; the watch retries with backoff");
             }
             Input::Pod(None) => wake.pods = None,
-            Input::Peer(i, ev) => self.on_peer_event(i, ev),
-            Input::PeersFile => self.on_peers_file(),
-            Input::Observations => {
-                if self.read_observations() {
-                    self.refresh();
-                }
-            }
+            Input::Peer(..) | Input::PeersFile | Input::Observations => self.on_role_input(input),
             Input::Gpu(ev) => {
                 self.on_gpu_event(ev);
                 self.refresh();
@@ -148,7 +135,7 @@ impl Engine {
                     self.check_oom(false).await;
                 }
                 self.refresh();
-                wake.next_probe = Instant::now() + self.cfg.interval;
+                wake.next_probe = Instant::now() + self.cfg.probes.interval;
             }
             Input::StallDue => {
                 // The moment a stall would begin: CMD's CPU over it for the note.
@@ -168,23 +155,12 @@ impl Engine {
         }
     }
 
-    /// A signal: SIGCHLD reaps CMD; any other is forwarded to CMD, and one that stops
-    /// the container means CMD's exit ends exec, with no peer change restarting it.
-    /// Without CMD (the sidecar), a signal stops the agent.
-    fn on_signal(&mut self, sig: Option<i32>, cmd: Option<&mut Child>) {
-        match (sig, cmd) {
-            (Some(signal::SIGCHLD), Some(child)) => child.reap(),
-            (Some(signal::SIGCHLD), None) => {}
-            (Some(s), Some(child)) => {
-                child.forward(s);
-                self.life.terminating |= signal::STOP.contains(&s);
-            }
-            (Some(s), None) => {
-                info!("{}: stopping", signal::name(s));
-                self.life.stop = true;
-            }
-            (None, _) => self.life.stop = true,
+    /// The sidecar's signal (it asks for SIGTERM and SIGINT only): it stops the agent.
+    fn on_signal(&mut self, sig: Option<i32>) {
+        if let Some(s) = sig {
+            info!("{}: stopping", signal::name(s));
         }
+        self.stopping = true;
     }
 
     /// The fast OOM check, while a kill may be on its way: the kill counters, and in
@@ -200,7 +176,7 @@ impl Engine {
         }
         let before = self.probes.oom.ledger.total;
         self.check_oom(false).await;
-        if self.cfg.mode == Mode::Exec
+        if self.role.exec().is_some()
             && self
                 .probes
                 .oom
@@ -214,17 +190,23 @@ impl Engine {
         }
     }
 
-    /// One event of the peer watch; a new report when where the tasks stand changed.
-    pub(super) fn on_peer_event(&mut self, i: usize, ev: peer_watch::PeerEvent) {
-        if self.peers.as_mut().is_some_and(|p| p.on_event(i, ev)) {
+    /// A wake-up from what the role owns (`Role::next`): a peer event, the
+    /// sidecar's peers.json, exec's observation; a new report when it changed where
+    /// the tasks stand or what exec observed.
+    pub(super) fn on_role_input(&mut self, input: Input) {
+        let changed = match input {
+            Input::Peer(i, ev) => self.role.peers_mut().is_some_and(|p| p.on_event(i, ev)),
+            Input::PeersFile => self.role.peers_in_mut().is_some_and(|p| p.read()),
+            Input::Observations => self.read_observations(),
+            _ => false,
+        };
+        if changed {
             self.refresh();
         }
     }
 
     /// exec: reads the sidecar's peers.json; a new report when it changed.
     pub(super) fn on_peers_file(&mut self) {
-        if self.peers_in.as_mut().is_some_and(|p| p.read()) {
-            self.refresh();
-        }
+        self.on_role_input(Input::PeersFile);
     }
 }

@@ -12,8 +12,8 @@ use tracing::{info, warn};
 use super::{Engine, Mode};
 use crate::flags;
 use crate::kube::{self as k8s, Identity, KubeError};
+use crate::publish::API_TIMEOUT;
 use crate::publish::Publisher;
-use crate::report::outbox::API_TIMEOUT;
 
 /// The connection to the API server.
 pub(super) struct Link {
@@ -65,12 +65,12 @@ impl Engine {
 
     pub(super) fn on_pod(&mut self, mut pod: Pod) {
         pod.metadata.managed_fields = None;
-        if self.cfg.mode == Mode::Sidecar && !self.once.seeded {
+        if self.role.mode() == Mode::Sidecar && !self.once.seeded {
             self.seed_from(&pod);
             self.once.seeded = true;
         }
         if let Some(link) = &self.link {
-            let manager = match self.cfg.mode {
+            let manager = match self.role.mode() {
                 Mode::Sidecar => "trainlet-sidecar",
                 Mode::Exec => "trainlet-exec",
             };
@@ -82,7 +82,7 @@ impl Engine {
         let started = self.view.started_at(&self.container_name());
         // What changes how a port is judged: from here on, a new listener is the
         // container's own, not one that was there before it.
-        if self.cfg.mode == Mode::Sidecar
+        if self.role.mode() == Mode::Sidecar
             && let Some(at) = started.filter(|_| started != started_before)
         {
             info!(
@@ -106,6 +106,7 @@ impl Engine {
             warn!(
                 "no training container {} in the pod (containers: {}); GPU limits and ports come from flags only (pass --{})",
                 self.cfg
+                    .probes
                     .container
                     .as_deref()
                     .unwrap_or("that is not trainlet's"),
@@ -117,20 +118,21 @@ impl Engine {
         for kill in self
             .probes
             .oom
-            .record_status(&self.view, self.cfg.container.as_deref())
+            .record_status(&self.view, self.cfg.probes.container.as_deref())
         {
             self.announce_kill(&kill, true);
         }
-        if let (Mode::Sidecar, Some(root)) = (self.cfg.mode, &self.cfg.cgroup_root) {
+        let sidecar = self.role.sidecar().map(|s| &s.cfg);
+        if let Some(root) = sidecar.and_then(|s| s.cgroup_root.as_ref()) {
             self.probes.oom.resolve_container_cgroups(root, &self.view);
         }
-        if self.cfg.exit_with_main && self.view.finished(&self.container_name()) {
+        if sidecar.is_some_and(|s| s.exit_with_main) && self.view.finished(&self.container_name()) {
             info!(
                 container = %self.container_name(),
                 "the training container has terminated; exiting (--{})",
                 flags::EXIT_WITH_MAIN
             );
-            self.life.stop = true;
+            self.stopping = true;
         }
     }
 }

@@ -46,7 +46,6 @@ use tracing::warn;
 
 use crate::event::Event;
 use crate::metrics::{self, ContainerLabel, Metrics, MetricsError, Readiness};
-use crate::peers::drift as peer_watch;
 use crate::publish::{ContainerUrgency, TokenBucket};
 use crate::reason::Reason;
 use crate::report::outbox::Outbox;
@@ -55,16 +54,17 @@ use crate::report::probe::oom::OomKill;
 use crate::report::probe::oom::watch::OomWatch;
 use crate::report::probe::ports::listeners::{self, Listeners};
 use crate::report::state::State;
-use crate::supervise::policy::{OnFailure, OnPeerChange, OnStall};
-pub use config::{Config, Mode, ReportError};
+pub use config::{
+    Config, ExecConfig, Mode, ProbeConfig, PublishConfig, ReportError, RoleConfig, SidecarConfig,
+};
 pub use exec::exec_reporter;
 use link::Link;
-pub use role::{Exec, Role};
+use role::Role;
 pub use sidecar::sidecar;
 
 pub struct Engine {
     cfg: Config,
-    /// Which process this is, decided once ([`Role::of`]).
+    /// Which process this is and what only it has, decided once ([`Role::new`]).
     role: Role,
     clock: Clock,
     view: PodView,
@@ -75,25 +75,19 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     ready: Readiness,
     once: Once,
-    /// The signals that end the loop.
-    life: Life,
-    /// exec handing over: its observations, for the sidecar.
-    outgoing: Option<observations::Outgoing>,
-    /// The sidecar of an exec that hands over: exec's observations.
-    inbox: Option<observations::Inbox>,
-    /// The peers of the resolved cluster, where this process watches them
-    /// ([`Role::watches_peers`]).
-    peers: Option<peer_watch::PeerWatch>,
-    /// The sidecar of an exec that hands over: where the cluster stands, for exec.
-    peers_out: Option<peers_file::Outgoing>,
-    /// exec handing over, with `--on-peer-change restart|exit` or a stall rule: the
-    /// sidecar's word.
-    peers_in: Option<peers_file::Incoming>,
-    /// The sidecar: news from the training container, bounded.
+    /// The sidecar: a stop signal or `--exit-with-main` ends its loop. (exec's loop
+    /// hands signals to the supervisor, which owns CMD's life.)
+    stopping: bool,
+    /// exec: its loop's timers and pod watch, kept from one run of the loop to the
+    /// next.
+    wake: Option<input::Wake>,
+    /// News from the training container, bounded.
     news: News,
     /// The resolver pod's reporter: the resolution it publishes again.
     republish: republish::Republish,
-    progress: ProgressParts,
+    /// What `trainlet.io/progress` says now (published or about to be; the sidecar
+    /// publishes exec's).
+    progress: Option<crate::stall::peers::Annotation>,
 }
 
 /// When the agent started.
@@ -121,15 +115,6 @@ struct Once {
     seeded: bool,
 }
 
-/// How the agent's loop ends.
-#[derive(Default)]
-struct Life {
-    /// A stop signal came while nothing was forwarded to CMD (or the sidecar's).
-    stop: bool,
-    /// exec: a stop signal was forwarded to CMD: no peer change restarts it.
-    terminating: bool,
-}
-
 /// The training container's news (an OOM kill, an XID, a stall), which it must not be
 /// able to turn into a flood of patches or log lines.
 struct News {
@@ -140,80 +125,30 @@ struct News {
     unlogged: u64,
 }
 
-/// exec's progress watch, and what `trainlet.io/progress` says now (published or about
-/// to be; the sidecar publishes exec's).
-struct ProgressParts {
-    /// exec: CMD's progress and stalls (`--stall-after`, `--progress-pattern`).
-    watching: Option<crate::stall::watching::Watching>,
-    published: Option<crate::stall::peers::Annotation>,
-    /// exec's run of CMD, published for the group restart of a failed CMD.
-    group: group::GroupRun,
-    /// The restarts of CMD so far, published with its progress.
-    restarts: u64,
-}
-
 impl Engine {
-    pub fn new(cfg: Config) -> Engine {
+    pub fn new(cfg: Config, own: RoleConfig) -> Engine {
         let started = SystemTime::now();
         let proc_root = Path::new("/proc");
-        let role = cfg.role();
-        let (outgoing, inbox) = match (role, cfg.observations.clone()) {
-            (Role::Exec(Exec::HandOver), Some(dir)) => {
-                (Some(observations::Outgoing::new(dir, started)), None)
-            }
-            (Role::Sidecar { relays: true }, Some(dir)) => {
-                (None, Some(observations::Inbox::new(dir)))
-            }
-            _ => (None, None),
-        };
-        let peers = match &cfg.cluster_file {
-            Some(f) if role.watches_peers() => peer_watch::PeerWatch::load(f),
-            _ => None,
-        };
-        let peers_out = match (role, &cfg.cluster_file) {
-            (Role::Sidecar { relays: true }, Some(f)) => peers_file::Outgoing::new(f),
-            _ => None,
-        };
-        let peers_in = peers_in(&cfg, role);
-        let watching = match (role, &cfg.progress) {
-            (Role::Exec(_), Some(p)) => Some(crate::stall::watching::Watching::new(
-                p,
-                cfg.cluster_file.as_deref(),
-                started,
-            )),
-            _ => None,
-        };
-        let group =
-            group::GroupRun::new(cfg.restart.on_failure, cfg.cluster_file.as_deref(), started);
+        let role = Role::new(&cfg, own, started);
         Engine {
-            role,
-            outgoing,
-            inbox,
-            peers,
-            peers_out,
-            peers_in,
             news: News {
                 urgency: ContainerUrgency::bucket(Instant::now()),
                 log: TokenBucket::new(20, Duration::from_secs(3), Instant::now()),
                 unlogged: 0,
             },
             republish: republish::Republish::default(),
-            progress: ProgressParts {
-                watching,
-                published: None,
-                group,
-                restarts: 0,
-            },
+            progress: None,
             clock: Clock {
                 at: Instant::now(),
                 since: crate::time::rfc3339_seconds(started),
             },
             probes: Probes {
-                gpus: gpu::Gpus::new(cfg.nvml_lib.clone()),
+                gpus: gpu::Gpus::new(cfg.probes.nvml_lib.clone()),
                 listeners: Listeners::new(proc_root),
-                oom: OomWatch::new(cfg.mode, proc_root, started),
+                oom: OomWatch::new(role.mode(), proc_root, started),
             },
-            outbox: Outbox::new(cfg.min_patch_interval, Instant::now()),
+            outbox: Outbox::new(cfg.publish.min_patch_interval, Instant::now()),
+            role,
             cfg,
             view: PodView::default(),
             link: None,
@@ -221,14 +156,15 @@ impl Engine {
             metrics: Arc::new(Metrics::new()),
             ready: Readiness::default(),
             once: Once::default(),
-            life: Life::default(),
+            stopping: false,
+            wake: None,
         }
     }
 
     /// The training container's name: `--container`, the pod's first non-trainlet
     /// container, or `main` while the pod is unknown.
     fn container_name(&self) -> String {
-        if let Some(c) = &self.cfg.container {
+        if let Some(c) = &self.cfg.probes.container {
             return c.clone();
         }
         self.view
@@ -238,7 +174,7 @@ impl Engine {
     }
 
     fn training(&self) -> Option<&Container> {
-        self.view.container(self.cfg.container.as_deref())
+        self.view.container(self.cfg.probes.container.as_deref())
     }
 
     fn watched_ports(&self) -> Vec<u16> {
@@ -247,10 +183,10 @@ impl Engine {
                 .map(pod::container_ports)
                 .unwrap_or_default()
         };
-        let mut v: Vec<u16> = match self.cfg.mode {
-            Mode::Sidecar if !self.cfg.ports.is_empty() => self.cfg.ports.clone(),
+        let mut v: Vec<u16> = match self.role.mode() {
+            Mode::Sidecar if !self.cfg.probes.ports.is_empty() => self.cfg.probes.ports.clone(),
             Mode::Sidecar => from_pod(),
-            Mode::Exec => [from_pod(), self.cfg.ports.clone()].concat(),
+            Mode::Exec => [from_pod(), self.cfg.probes.ports.clone()].concat(),
         };
         v.sort_unstable();
         v.dedup();
@@ -260,12 +196,12 @@ impl Engine {
     fn probe(&mut self) {
         self.metrics.probes.inc();
         self.probes.gpus.probe();
-        if self.cfg.mode == Mode::Exec {
+        if self.role.exec().is_some() {
             self.probes.oom.refresh_tree();
             self.check_progress(false);
         }
         self.read_observations();
-        if let Some(p) = self.peers_in.as_mut() {
+        if let Some(p) = self.role.peers_in_mut() {
             p.read();
         }
         self.probe_ports();
@@ -276,7 +212,7 @@ impl Engine {
         let watched = self.watched_ports();
         let container = self.container_name();
         let cx = listeners::Context {
-            mode: self.cfg.mode,
+            mode: self.role.mode(),
             view: &self.view,
             container: &container,
             tree: &self.probes.oom.tree,
@@ -315,7 +251,7 @@ impl Engine {
             }
             _ => {}
         }
-        if self.outgoing.is_none() {
+        if !self.role.hands_over() {
             self.outbox.record(event, urgent);
         }
     }
@@ -349,7 +285,7 @@ impl Engine {
     /// to them); the report is computed from the observations, which touches no file;
     /// exec hands its observations to the sidecar.
     fn refresh(&mut self) {
-        if self.cfg.mode == Mode::Sidecar {
+        if self.role.mode() == Mode::Sidecar {
             self.tell_exec();
         }
         self.evaluate();
@@ -358,14 +294,20 @@ impl Engine {
 
     /// Starts the peer watch, where there is one and a connection to the API server.
     fn start_peer_watch(&mut self) {
-        if let (Some(peers), Some(link)) = (self.peers.as_mut(), self.link.as_ref()) {
+        if let (Some(peers), Some(link)) = (self.role.peers_mut(), self.link.as_ref()) {
             peers.start(&link.client, &link.id.namespace);
         }
     }
 
+    /// exec: where CMD's output goes through to be watched for progress, if it is.
+    fn output_watch(&self) -> Option<Arc<crate::supervise::output::Watch>> {
+        let w = self.role.exec()?.watching.as_ref()?;
+        Some(w.watch.clone())
+    }
+
     /// Binds the metrics server and spawns it.
     fn start_metrics(&self, required: bool) -> Result<(), MetricsError> {
-        let Some(addr) = self.cfg.metrics_addr else {
+        let Some(addr) = self.cfg.publish.metrics_addr else {
             return Ok(());
         };
         match metrics::bind_or_any_port(addr) {
@@ -387,23 +329,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// Where exec, handing over, reads what the sidecar tells of its peers (peers.json):
-/// when a peer's change, stall or failure acts on CMD, or the stall rule reads the
-/// peers' progress.
-fn peers_in(cfg: &Config, role: Role) -> Option<peers_file::Incoming> {
-    let f = cfg.cluster_file.as_deref()?;
-    let hears = role == Role::Exec(Exec::HandOver)
-        && (cfg.restart.on_change != OnPeerChange::Report
-            || cfg.restart.on_stall != OnStall::Report
-            || cfg.restart.on_failure == OnFailure::Restart
-            || cfg
-                .progress
-                .as_ref()
-                .is_some_and(|p| p.stall_after.is_some()));
-    hears
-        .then(|| f.parent())
-        .flatten()
-        .map(|d| peers_file::Incoming::new(d.to_path_buf()))
 }

@@ -106,13 +106,13 @@ impl Inbox {
 impl Engine {
     /// exec: everything it observed, as of now.
     pub(super) fn observation(&self, exited: Option<i32>) -> Option<Observation> {
-        let out = self.outgoing.as_ref()?;
+        let out = self.role.outgoing()?;
         let ledger = &self.probes.oom.ledger;
         let first = ledger.total + 1 - ledger.kills.len() as u64;
         Some(Observation {
             version: VERSION,
             epoch: out.epoch.clone(),
-            interval_ms: self.cfg.interval.as_millis() as u64,
+            interval_ms: self.cfg.probes.interval.as_millis() as u64,
             exited,
             gpu: GpuObservation {
                 unavailable: self.probes.gpus.info.nvml.clone().err(),
@@ -161,7 +161,7 @@ impl Engine {
         let Some(o) = self.observation(exited) else {
             return;
         };
-        let out = self.outgoing.as_mut().expect("observation() checked it");
+        let out = self.role.outgoing_mut().expect("observation() checked it");
         match handover::write(&out.dir, &o) {
             Ok(()) => out.failed = false,
             Err(e) if !out.failed => {
@@ -194,7 +194,7 @@ impl Engine {
                     .inc_by(x.count);
             }
         }
-        if let (Some(inbox), Some(mark)) = (self.inbox.as_mut(), prev.exec) {
+        if let (Some(inbox), Some(mark)) = (self.role.inbox_mut(), prev.exec) {
             inbox.published = Published {
                 epoch: mark.epoch.clone(),
                 kills: mark.kills,
@@ -226,8 +226,8 @@ impl Engine {
         let now = SystemTime::now();
         self.seed_kills(&o, &container, now);
         let inbox = self
-            .inbox
-            .as_mut()
+            .role
+            .inbox_mut()
             .expect("a new observation comes from the inbox");
         let news = handover::news(&mut inbox.published, &o);
         let group = o.progress.as_ref().map_or((None, false, None), |p| {
@@ -271,7 +271,7 @@ impl Engine {
     /// Sidecar: the observation file's version when it is new; a rejected one is
     /// counted and logged once, and the last good one stays.
     fn new_observation(&mut self) -> Option<Observation> {
-        let inbox = self.inbox.as_mut()?;
+        let inbox = self.role.inbox_mut()?;
         let version = match handover::read(&inbox.dir) {
             Ok(None) => return None,
             Ok(Some(v)) => v,
@@ -314,7 +314,7 @@ impl Engine {
     /// report counted, from the observation of the same run of exec, or carried over
     /// where exec started again since.
     fn seed_kills(&mut self, o: &Observation, container: &str, now: SystemTime) {
-        let Some((epoch, upto)) = self.inbox.as_mut().and_then(|i| i.seed_kills.take()) else {
+        let Some((epoch, upto)) = self.role.inbox_mut().and_then(|i| i.seed_kills.take()) else {
             return;
         };
         if epoch == o.epoch {
@@ -353,7 +353,7 @@ impl Engine {
     /// for is not counted ([`crate::peerchange::protocol::Relay::explains_restart`]),
     /// unless it was exec's own (`own_stall`: its stall or its failure).
     fn announce_restart(&mut self, note: String, own_stall: bool, urgent: bool) {
-        let explained = match self.peers_out.as_mut() {
+        let explained = match self.role.peers_out_mut() {
             Some(o) => o.relay.explains_restart(own_stall),
             None => own_stall,
         };
@@ -375,7 +375,7 @@ impl Engine {
 
     /// Sidecar: what the report says about the observations it publishes.
     pub(super) fn exec_mark(&self) -> Option<ExecMark> {
-        let inbox = self.inbox.as_ref()?;
+        let inbox = self.role.inbox()?;
         inbox.last.as_ref()?;
         Some(ExecMark {
             epoch: inbox.published.epoch.clone(),
@@ -386,7 +386,7 @@ impl Engine {
 
     /// Sidecar: watches the directory, so a new version is read at once.
     pub(super) fn watch_observations(&mut self) {
-        if let Some(inbox) = self.inbox.as_mut() {
+        if let Some(inbox) = self.role.inbox_mut() {
             inbox.watch = crate::watch::entry_or_poll(&inbox.dir, handover::FILE);
         }
     }
@@ -409,7 +409,7 @@ pub(super) fn xid_label(e: &crate::report::probe::gpu::xid::XidError, kept: bool
 }
 
 /// The next new version in the directory, or never without a watch.
-pub(super) async fn next_version(inbox: &mut Option<Inbox>) -> Option<()> {
+pub(super) async fn next_version(inbox: &mut Option<&mut Inbox>) -> Option<()> {
     match inbox.as_mut() {
         Some(i) => crate::watch::woken(&mut i.watch).await,
         None => std::future::pending().await,

@@ -78,8 +78,8 @@ impl Engine {
     /// where it publishes, else (the sidecar) what exec handed over, whose metrics it
     /// serves too.
     pub(super) fn progress_annotation(&mut self) -> Option<String> {
-        let o = match (self.own_progress(), &self.inbox) {
-            (Some(o), _) if self.outgoing.is_none() => o,
+        let o = match (self.own_progress(), self.role.inbox()) {
+            (Some(o), _) if !self.role.hands_over() => o,
             (_, Some(inbox)) => {
                 let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
                 let p = Progress {
@@ -100,13 +100,13 @@ impl Engine {
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
         let relayed = self
-            .peers
-            .as_ref()
+            .role
+            .peers()
             .map(|p| p.to_relay(own))
             .unwrap_or_default();
-        let a = annotation(&o, self.progress.published.as_ref(), after, &relayed);
+        let a = annotation(&o, self.progress.as_ref(), after, &relayed);
         let text = serde_json::to_string(&a).expect("plain data");
-        self.progress.published = Some(a);
+        self.progress = Some(a);
         Some(text)
     }
 }
@@ -115,13 +115,14 @@ impl Engine {
     /// exec's progress as it publishes it or hands it over: the stall watch's, and its
     /// run of CMD for the group restart (`--on-failure restart`); `None` with neither.
     pub(super) fn own_progress(&self) -> Option<ProgressObservation> {
-        let mut o = match &self.progress.watching {
+        let e = self.role.exec()?;
+        let mut o = match &e.watching {
             Some(w) => observation(w),
-            None if self.progress.group.on() => ProgressObservation::default(),
+            None if e.group.on() => ProgressObservation::default(),
             None => return None,
         };
-        self.progress.group.fill(&mut o);
-        o.restarts = self.progress.restarts;
+        e.group.fill(&mut o);
+        o.restarts = e.restarts;
         Some(o)
     }
 }

@@ -34,7 +34,7 @@ impl Engine {
     /// The resolution the own pod should carry now; `None` where this is not the
     /// resolver pod's reporter, or before its peer watch has listed every peer.
     pub(super) fn resolution(&mut self) -> Option<String> {
-        let (cluster, lost, types) = self.peers.as_ref()?.republish()?;
+        let (cluster, lost, types) = self.role.peers()?.republish()?;
         let wanted = Resolution {
             cluster,
             generation: 0,

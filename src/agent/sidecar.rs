@@ -7,8 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{info, warn};
 
+use super::config::{RoleConfig, SidecarConfig};
 use super::input::{Input, Wake};
 use super::link::next_pod;
+use super::role::{Relay, Role, Sidecar as SidecarParts};
 use super::{Config, Engine, ReportError};
 use crate::cluster::drift::{self, ClusterStatus};
 use crate::flags;
@@ -22,10 +24,11 @@ use crate::render;
 use crate::signal::{self, Signals};
 
 /// `trainlet sidecar`.
-pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
-    let mut engine = Engine::new(cfg);
+pub async fn sidecar(cfg: Config, own: SidecarConfig) -> Result<(), ReportError> {
+    let cgroup_root = own.cgroup_root.clone();
+    let mut engine = Engine::new(cfg, RoleConfig::Sidecar(own));
     let mut signals = Signals::new(&signal::STOP).map_err(ReportError::Signals)?;
-    if engine.peers_out.is_some()
+    if engine.role.peers_out_mut().is_some()
         && let Some(dir) = engine.cfg.cluster_file.as_deref().and_then(Path::parent)
     {
         // A sidecar killed while it moved the files left a temporary file behind.
@@ -35,7 +38,7 @@ pub async fn sidecar(cfg: Config) -> Result<(), ReportError> {
     }
     engine.start_metrics(true)?;
     engine.connect().await?;
-    if let Some(root) = &engine.cfg.cgroup_root {
+    if let Some(root) = &cgroup_root {
         engine
             .probes
             .oom
@@ -63,9 +66,9 @@ impl Engine {
     /// still shows the training container running, its last look.
     async fn run(&mut self, signals: &mut Signals) {
         let mut wake = self.wake();
-        while !self.life.stop {
+        while !self.stopping {
             let input = self.next_input(&mut wake, signals).await;
-            self.on_input(input, &mut wake, None).await;
+            self.on_input(input, &mut wake).await;
         }
         self.last_look(&mut wake).await;
     }
@@ -92,7 +95,7 @@ impl Engine {
             tokio::select! {
                 ev = next_pod(&mut wake.pods) => {
                     let Some(ev) = ev else { return };
-                    self.on_input(Input::Pod(Some(ev)), wake, None).await;
+                    self.on_input(Input::Pod(Some(ev)), wake).await;
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     warn!(container = %container, "stopping before the pod says how the training container ended");
@@ -109,27 +112,31 @@ impl Engine {
     /// replacements) and answers exec's wait. True when files moved and the watch must
     /// reload them.
     fn move_for_restart(&mut self) -> bool {
-        let (Some(out), Some(watch), Some(_)) = (
-            self.peers_out.as_mut(),
-            self.peers.as_mut(),
-            self.cfg.cluster_file.as_deref(),
-        ) else {
+        let Role::Sidecar(SidecarParts {
+            peers: Some(watch),
+            relay: Some(relay),
+            ..
+        }) = &mut self.role
+        else {
+            return false;
+        };
+        let Relay {
+            inbox,
+            peers_out: Some(out),
+        } = relay
+        else {
             return false;
         };
         let Some(drift) = watch.drift.as_deref() else {
             return false;
         };
-        let waiting = self
-            .inbox
-            .as_ref()
-            .and_then(|i| i.fresh(SystemTime::now()))
-            .and_then(|o| {
-                let r = o.restart.as_ref().filter(|r| r.waiting)?;
-                Some(Waiting {
-                    epoch: o.epoch.clone(),
-                    restart: r.restarts,
-                })
-            });
+        let waiting = inbox.fresh(SystemTime::now()).and_then(|o| {
+            let r = o.restart.as_ref().filter(|r| r.waiting)?;
+            Some(Waiting {
+                epoch: o.epoch.clone(),
+                restart: r.restarts,
+            })
+        });
         let Some(answer) = out.relay.to_answer(waiting, drift::moves(drift)) else {
             return false;
         };
@@ -159,15 +166,23 @@ impl Engine {
         if self.move_for_restart() {
             self.evaluate();
             if let (Some(watch), Some(cluster_file)) =
-                (self.peers.as_mut(), self.cfg.cluster_file.as_deref())
+                (self.role.peers_mut(), self.cfg.cluster_file.as_deref())
             {
                 watch.reload(cluster_file);
             }
         }
-        let (Some(out), Some(watch)) = (self.peers_out.as_mut(), self.peers.as_mut()) else {
+        let Role::Sidecar(SidecarParts {
+            peers: Some(watch),
+            relay: Some(relay),
+            ..
+        }) = &mut self.role
+        else {
             return;
         };
-        if self.cfg.cluster_file.is_none() || watch.drift.is_none() {
+        let Some(out) = relay.peers_out.as_mut() else {
+            return;
+        };
+        if watch.drift.is_none() {
             return;
         }
         // The own pod's stall is exec's own to see: only the others' are passed on.

@@ -52,7 +52,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     let ports = frameworks::listen_ports(&env, tf.own_port());
     let kubeflow = report
         .as_ref()
-        .filter(|cfg| cfg.progress.is_some() && !args.no_kubeflow_endpoint)
+        .filter(|(_, own)| own.progress.is_some() && !args.no_kubeflow_endpoint)
         .map(|_| lower::kube_settings(&args.init.kube))
         .transpose()?
         .and_then(|kube| kubeflow_endpoint(&mut private, &kube));
@@ -65,7 +65,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
         cmd
     };
     let cmd = with_heartbeat(command(&args.command, env, &dir));
-    let Some(cfg) = report else {
+    let Some((cfg, own)) = report else {
         let mut cmd = cmd;
         // Only returns on failure.
         let source = cmd.exec();
@@ -98,7 +98,7 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     };
     let ended = super::runtime()?.block_on(async {
         let (mut reporter, mut signals, cmd) =
-            agent::exec_reporter(cfg, cmd, &program, ports, kubeflow).await?;
+            agent::exec_reporter(cfg, own, cmd, &program, ports, kubeflow).await?;
         Supervisor::new(cmd, respawner)
             .run(&mut reporter, &mut signals)
             .await
@@ -110,6 +110,9 @@ pub fn run(args: ExecArgs) -> Result<Exit, Failure> {
     Ok(Exit::Child(code))
 }
 
+/// What exec's agent is to do: what either agent does, and exec's own flags.
+type ExecAgent = (agent::Config, agent::ExecConfig);
+
 /// The reporter's config, where exec stays CMD's parent (`--report`, or a flag that
 /// needs it), with the heartbeat file CMD may touch; and whether exec hands over to a
 /// sidecar. Every flag is checked before the wait for peers: a typo in a report flag
@@ -119,28 +122,28 @@ fn report_config(
     dir: &Path,
     resolving: bool,
     private: &mut Option<tempfile::TempDir>,
-) -> Result<(Option<agent::Config>, Option<PathBuf>, bool), Failure> {
+) -> Result<(Option<ExecAgent>, Option<PathBuf>, bool), Failure> {
     let cluster_file = dir.join(CLUSTER_FILE);
     let cluster_file = (resolving || cluster_file.exists()).then_some(cluster_file.as_path());
-    let mut report = lower::exec_report_config(args, cluster_file, resolving)?;
+    let (report, mut own) = lower::exec_report_config(args, cluster_file, resolving)?;
     // Resolving again after a peer change is the init workflow, with exec's own flags;
     // handing over to a sidecar, exec has no credentials and the sidecar moves the files.
-    let handing_over = report.role().hands_over();
+    let handing_over = own.hands_over();
     // The heartbeat file CMD may touch: in the observation volume, which both CMD's
     // container and exec write, else in the private directory.
-    let heartbeat = report.progress.as_ref().and_then(|_| {
+    let heartbeat = own.progress.as_ref().and_then(|_| {
         heartbeat_file(args.report_args.observations.as_deref(), private)
             .map_err(|e| warn!("no heartbeat file for the command: {e}"))
             .ok()
     });
-    if let Some(p) = report.progress.as_mut() {
+    if let Some(p) = own.progress.as_mut() {
         p.heartbeat = heartbeat.clone();
     }
     let report = (args.report
         || args.on_peer_change != PeerChange::Report
         || args.on_failure != FailureAction::Exit
-        || report.progress.is_some())
-    .then_some(report);
+        || own.progress.is_some())
+    .then_some((report, own));
     Ok((report, heartbeat, handing_over))
 }
 

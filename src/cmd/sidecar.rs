@@ -14,7 +14,7 @@ use crate::cli::lower;
 use crate::{Exit, Failure};
 
 pub fn run(args: SidecarArgs) -> Result<Exit, Failure> {
-    let cfg = lower::sidecar_config(&args)?;
-    super::runtime()?.block_on(agent::sidecar(cfg))?;
+    let (cfg, own) = lower::sidecar_config(&args)?;
+    super::runtime()?.block_on(agent::sidecar(cfg, own))?;
     Ok(Exit::OK)
 }

@@ -26,12 +26,9 @@ use super::recorder::Recorder;
 use crate::cluster::published::ANNOTATION as RESOLUTION;
 use crate::event::Event;
 use crate::metrics::{Metrics, Readiness};
-use crate::publish::{self, Publisher, Throttle, keys};
+use crate::publish::{self, API_TIMEOUT, Publisher, Throttle, keys};
 use crate::reason::Reason;
 
-/// Every API call gets at most this long: a server that accepts connections but never
-/// answers must not stall the reporter.
-pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last report may take on the way out (SIGTERM or CMD's exit).
 const FINAL_FLUSH: Duration = Duration::from_millis(1500);
 /// The same, while an Event is still to go out (an OOM kill seen just before the

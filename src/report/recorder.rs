@@ -16,10 +16,8 @@ use tracing::warn;
 
 use crate::event::Event;
 use crate::metrics::{Metrics, ReasonLabel};
-use crate::publish::{self, EventBudget, Publisher, TokenBucket};
+use crate::publish::{self, API_TIMEOUT, EventBudget, Publisher, TokenBucket};
 use crate::reason::Reason;
-
-use super::outbox::API_TIMEOUT;
 
 /// How often a summary of the Events dropped is logged.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(60);

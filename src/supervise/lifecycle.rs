@@ -18,6 +18,7 @@ use super::child::{Child, SpawnError};
 pub use super::decide::Standing;
 pub use super::decide::Trigger;
 use super::decide::{self, Decision, Facts, Failed, Next};
+use super::life::{Act, Life};
 use super::policy::{self, OnFailure, Policy};
 use super::respawn::{Respawner, Resume};
 use super::stop::{stop_tree, wait_for_stop};
@@ -31,17 +32,18 @@ use crate::{Code, Failure};
 pub trait Reporter {
     /// The restart policy (`--on-peer-change` and its flags).
     fn policy(&self) -> &Policy;
-    /// Reports until CMD exits, a stop signal comes, or the cluster or a stall asks for
-    /// action ([`Reporter::standing`]); forwards signals to CMD and reaps it.
-    async fn run(&mut self, cmd: &mut Child, signals: &mut Signals);
+    /// Reports until a signal comes, which it hands back untouched (the supervisor
+    /// alone signals and reaps CMD), or the cluster or a stall asks for action
+    /// ([`Reporter::standing`]).
+    async fn run(&mut self, signals: &mut Signals) -> Handback;
     /// Where the reporter stands now.
     fn standing(&self) -> Standing;
     /// Where CMD's output goes through to be watched for progress, if it is.
     fn output_watch(&self) -> Option<std::sync::Arc<super::output::Watch>>;
     /// CMD failed while the cluster looked current: waits until `until` for the peer
     /// change that explains it (a broken collective fails before the watch sees the
-    /// pod go), or a stop signal.
-    async fn settle(&mut self, cmd: &mut Child, signals: &mut Signals, until: Instant);
+    /// pod go), or a signal, which it hands back.
+    async fn settle(&mut self, signals: &mut Signals, until: Instant) -> Handback;
     /// Announces restart `n`: its `Restarting` Event (or, handing over, the sidecar's).
     async fn restarting(&mut self, n: u32, note: String);
     /// Waits until the cluster's files are complete again before CMD starts again
@@ -66,6 +68,15 @@ pub trait Reporter {
     /// CMD is gone for good: the last report; the last OOM kill among CMD's processes.
     /// `cmd`: CMD's pid and how it ended (its exit status, or 128+signal).
     async fn finish(&mut self, code: i32, cmd: (u32, Option<i32>)) -> Option<String>;
+}
+
+/// Why the reporter's loop handed CMD back to the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handback {
+    /// A signal came (`None`: the signal stream ended): the supervisor's to handle.
+    Signal(Option<i32>),
+    /// Where the reporter stands asks for action, or the wait is over.
+    Standing,
 }
 
 /// How CMD ended under `exec --report`.
@@ -180,7 +191,7 @@ impl Supervisor {
             cmd,
             program: respawner.argv[0].clone(),
             respawner,
-            life: Life::default(),
+            life: Life::new(),
         }
     }
 
@@ -192,14 +203,12 @@ impl Supervisor {
         signals: &mut Signals,
     ) -> Result<Ended, Failure> {
         loop {
-            if self.cmd.exit.is_none() {
-                reporter.run(&mut self.cmd, signals).await;
-            }
+            self.report_while_cmd_runs(reporter, signals).await;
             let Some(trigger) = self.trigger(reporter, signals).await else {
                 break;
             };
             let policy = reporter.policy().clone();
-            match decide::on(&policy, self.life.restarts, &trigger) {
+            match decide::on(&policy, self.life.restarts(), &trigger) {
                 Decision::Report => break,
                 Decision::Pass { why } => {
                     warn!("{why}");
@@ -207,12 +216,15 @@ impl Supervisor {
                 }
                 Decision::Exit { why } => {
                     warn!("{why}");
-                    self.life.stop_requested |= self.stop(signals, &policy).await.is_some();
-                    self.life.why = Some(why);
-                    self.life.exit_code = match trigger {
+                    let code = match trigger {
                         Trigger::Stall(_) => Code::Stalled,
                         Trigger::PeerChange(_) | Trigger::Failure { .. } => Code::PeerChanged,
                     };
+                    let stopped = self.stop(signals, &policy).await.is_some();
+                    self.step(|l| l.exit(why, code));
+                    if stopped {
+                        self.step(Life::stopped);
+                    }
                     break;
                 }
                 Decision::Restart { n, of, delay } => {
@@ -224,6 +236,45 @@ impl Supervisor {
             }
         }
         Ok(self.end(reporter, signals).await)
+    }
+
+    /// The reporter runs beside CMD until CMD exits, a stop signal ends exec, or the
+    /// reporter hands CMD back for action; every signal it hands back goes through
+    /// [`Life::on_signal`], and its [`Act`] to CMD is carried out here.
+    async fn report_while_cmd_runs(&mut self, reporter: &mut impl Reporter, signals: &mut Signals) {
+        while self.cmd.exit.is_none() && !self.life.is_stopped() {
+            match reporter.run(signals).await {
+                Handback::Signal(sig) => self.on_signal(sig, Life::on_signal),
+                Handback::Standing => return,
+            }
+        }
+    }
+
+    /// One step of exec's life.
+    fn step(&mut self, step: impl FnOnce(Life) -> Life) {
+        self.life = step(std::mem::replace(&mut self.life, Life::Stopped));
+    }
+
+    /// A signal the reporter handed back: the step it makes in exec's life, and what
+    /// that does to CMD.
+    fn on_signal(&mut self, sig: Option<i32>, step: fn(Life, Option<i32>) -> (Life, Act)) {
+        let (life, act) = step(std::mem::replace(&mut self.life, Life::Stopped), sig);
+        self.life = life;
+        match act {
+            Act::Reap => self.cmd.reap(),
+            Act::Forward(s) => self.cmd.forward(s),
+            Act::None => {}
+        }
+    }
+
+    /// Where the reporter stands, with what only the supervisor knows: whether a stop
+    /// signal ended exec or was forwarded to CMD.
+    fn standing(&self, reporter: &impl Reporter) -> Standing {
+        Standing {
+            stopped: self.life.is_stopped(),
+            terminating: self.life.is_terminating(),
+            ..reporter.standing()
+        }
     }
 
     /// After CMD exited or the reporter returned: the peer change or stall the policy
@@ -249,7 +300,7 @@ impl Supervisor {
         };
         loop {
             let facts = Facts {
-                standing: reporter.standing(),
+                standing: self.standing(reporter),
                 exit: self.cmd.exit,
                 on_change: reporter.policy().on_change,
                 settled,
@@ -264,7 +315,12 @@ impl Supervisor {
                         policy::SETTLE
                     );
                     let until = Instant::now() + policy::SETTLE;
-                    reporter.settle(&mut self.cmd, signals, until).await;
+                    while let Handback::Signal(sig) = reporter.settle(signals, until).await {
+                        self.on_signal(sig, Life::on_signal_while_settling);
+                        if self.life.is_stopped() {
+                            break;
+                        }
+                    }
                     settled = true;
                 }
             }
@@ -302,7 +358,7 @@ impl Supervisor {
         reporter.restarting(step.n, note).await;
         let policy = reporter.policy().clone();
         if self.stop(signals, &policy).await.is_some() {
-            self.life.stop_requested = true;
+            self.step(Life::stopped);
             return Ok(false);
         }
         let respawner = &self.respawner;
@@ -322,72 +378,38 @@ impl Supervisor {
                     Trigger::Stall(why) => format!("a stall ({why})"),
                     Trigger::Failure { failed, .. } => format!("a failure ({})", failed.why),
                 };
-                self.life.why = Some(format!(
-                    "stopped by {} while waiting to restart {program} after {what}",
-                    signal::name(s)
-                ));
-                self.life.stopped = Some(128 + s);
+                self.step(|l| l.interrupted(s, &program, &what));
                 return Ok(false);
             }
         };
         let watch = reporter.output_watch();
         self.cmd = spawn(next, &program, watch.as_ref())?;
         reporter.started_again();
-        self.life.restarts = step.n;
+        self.step(|l| l.restarted(step.n));
         Ok(true)
     }
 
     /// Stops what is left of CMD's tree when exec was asked to stop, and makes the last
     /// report with exec's status.
     async fn end(mut self, reporter: &mut impl Reporter, signals: &mut Signals) -> Ended {
-        let standing = reporter.standing();
-        if self.life.stop_requested || standing.stopped || standing.terminating {
+        if self.life.stops_tree() {
             // The kubelet stops the container: nothing of CMD's tree outlives exec.
             let grace = reporter.policy().grace;
             stop_tree(&mut self.cmd, signals, grace).await;
         }
         self.cmd.drain();
-        let life = self.life;
-        let code = match (&life.why, life.stopped) {
-            (_, Some(code)) => code,
-            (Some(_), None) => life.exit_code as i32,
-            (None, None) => self.cmd.exit.unwrap_or(Code::Internal as i32),
-        };
+        let code = self.life.status(self.cmd.exit);
         let oom = reporter.finish(code, (self.cmd.pid, self.cmd.exit)).await;
         Ended {
             code,
             oom,
-            why: life.why,
+            why: self.life.why(),
         }
     }
 
     /// Stops CMD's tree for a restart or an exit; the stop signal that came meanwhile.
     async fn stop(&mut self, signals: &mut Signals, policy: &Policy) -> Option<i32> {
         stop_tree(&mut self.cmd, signals, policy.grace).await
-    }
-}
-
-/// What the loop carries from one restart to the next, and into the end.
-struct Life {
-    restarts: u32,
-    /// Why exec stopped CMD and exits, if it did, and with which code.
-    why: Option<String>,
-    exit_code: Code,
-    /// A stop signal while CMD was not running: exec's status is 128 + it.
-    stopped: Option<i32>,
-    /// A stop signal while CMD was being stopped: exec ends after it.
-    stop_requested: bool,
-}
-
-impl Default for Life {
-    fn default() -> Life {
-        Life {
-            restarts: 0,
-            why: None,
-            exit_code: Code::PeerChanged,
-            stopped: None,
-            stop_requested: false,
-        }
     }
 }
 

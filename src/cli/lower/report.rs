@@ -10,7 +10,7 @@ use super::super::exec_args::{ExecArgs, StallArgs};
 use super::super::values::{FailureAction, Flag, PeerChange};
 use super::{kube_settings, parse_duration};
 use crate::Failure;
-use crate::agent::{Config as ReportConfig, Mode};
+use crate::agent::{Config as ReportConfig, ExecConfig, ProbeConfig, PublishConfig, SidecarConfig};
 use crate::flags;
 use crate::stall::progress::{Pattern, WatchConfig};
 use crate::supervise::policy::Policy;
@@ -31,7 +31,7 @@ fn metrics_addr(value: &str) -> Result<Option<SocketAddr>, Failure> {
 
 /// The reporter flags shared by `sidecar` and `exec --report`: no client, no NVML, no
 /// socket.
-pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<ReportConfig, Failure> {
+pub fn report_config(r: &ReportArgs, kube: &KubeArgs) -> Result<ReportConfig, Failure> {
     let interval = parse_duration(flags::INTERVAL, &r.interval)?;
     if interval < Duration::from_millis(100) {
         return Err(Failure::usage(format!(
@@ -58,29 +58,19 @@ pub fn report_config(mode: Mode, r: &ReportArgs, kube: &KubeArgs) -> Result<Repo
         )));
     }
     Ok(ReportConfig {
-        mode,
         kube: kube_settings(kube)?,
-        nvml_lib: r.nvml_lib.clone(),
-        expect_gpus: r.expect_gpus,
-        container: r.container.clone().filter(|c| !c.is_empty()),
-        interval,
-        min_patch_interval,
-        metrics_addr,
-        ports: Vec::new(),
-        cgroup_root: None,
-        exit_with_main: false,
-        observations: r.observations.clone(),
-        cluster_file: None,
-        progress: None,
-        restart: Policy {
-            on_change: defaults::ON_PEER_CHANGE.into(),
-            on_stall: defaults::ON_STALL.into(),
-            on_failure: defaults::ON_FAILURE.into(),
-            max_restarts: defaults::MAX_RESTARTS,
-            grace: parse_duration(flags::RESTART_GRACE, defaults::RESTART_GRACE)?,
-            backoff: parse_duration(flags::RESTART_BACKOFF, defaults::RESTART_BACKOFF)?,
-            wait: None,
+        probes: ProbeConfig {
+            nvml_lib: r.nvml_lib.clone(),
+            expect_gpus: r.expect_gpus,
+            container: r.container.clone().filter(|c| !c.is_empty()),
+            interval,
+            ports: Vec::new(),
         },
+        publish: PublishConfig {
+            min_patch_interval,
+            metrics_addr,
+        },
+        cluster_file: None,
     })
 }
 
@@ -91,10 +81,10 @@ pub fn exec_report_config(
     a: &ExecArgs,
     cluster_file: Option<&Path>,
     resolving: bool,
-) -> Result<ReportConfig, Failure> {
-    let mut cfg = report_config(Mode::Exec, &a.report_args, &a.init.kube)?;
-    cfg.progress = progress_watch(&a.stall)?;
-    cfg.restart = Policy {
+) -> Result<(ReportConfig, ExecConfig), Failure> {
+    let mut cfg = report_config(&a.report_args, &a.init.kube)?;
+    let progress = progress_watch(&a.stall)?;
+    let restart = Policy {
         on_change: a.on_peer_change.into(),
         on_stall: a.stall.on_stall.into(),
         on_failure: a.on_failure.into(),
@@ -132,7 +122,12 @@ pub fn exec_report_config(
         )));
     }
     cfg.cluster_file = cluster_file.map(Path::to_path_buf);
-    Ok(cfg)
+    let own = ExecConfig {
+        observations: a.report_args.observations.clone(),
+        restart,
+        progress,
+    };
+    Ok((cfg, own))
 }
 
 /// `--permanent-exit-codes` of exec, else the training container's permanent codes.
@@ -150,15 +145,15 @@ fn has_selectors(f: &Path) -> bool {
 
 /// `sidecar`: the reporter flags plus the ports to watch, the node's cgroups and
 /// `--exit-with-main`.
-pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
-    let mut cfg = report_config(Mode::Sidecar, &a.report, &a.kube)?;
+pub fn sidecar_config(a: &SidecarArgs) -> Result<(ReportConfig, SidecarConfig), Failure> {
+    let mut cfg = report_config(&a.report, &a.kube)?;
     if let Some(p) = a.ports.iter().find(|p| **p == 0) {
         return Err(Failure::usage(format!(
             "invalid --port {p}: give the container port to watch, e.g. {}",
             defaults::PORT
         )));
     }
-    cfg.ports = a.ports.clone();
+    cfg.probes.ports = a.ports.clone();
     if let Some(root) = &a.cgroup_root
         && !root.is_dir()
     {
@@ -167,14 +162,17 @@ pub fn sidecar_config(a: &SidecarArgs) -> Result<ReportConfig, Failure> {
             root.display()
         )));
     }
-    cfg.cgroup_root = a.cgroup_root.clone();
-    cfg.exit_with_main = a.exit_with_main;
     cfg.cluster_file = match a.cluster_file.as_deref().map(str::trim) {
         None => Some(Path::new(defaults::OUTPUT_DIR).join(crate::render::CLUSTER_FILE)),
         Some("" | "off") => None,
         Some(f) => Some(f.into()),
     };
-    Ok(cfg)
+    let own = SidecarConfig {
+        cgroup_root: a.cgroup_root.clone(),
+        exit_with_main: a.exit_with_main,
+        observations: a.report.observations.clone(),
+    };
+    Ok((cfg, own))
 }
 
 /// The shortest `--stall-after`: a silence is seen every `--interval`, and one shorter
