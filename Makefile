@@ -153,6 +153,8 @@ lint:
 ## Benchmarks: trainlet against kubectl on a private control plane (release build), and
 ## on the real node (root; tests/node/up). Prints markdown tables; writes
 ## target/bench/results.json, target/bench/resolve.svg and target/bench/results-node.json.
+## `TRAINLET_BENCH_ONLY=floor make bench`: trainlet init against the floor, a bare kube-rs
+## watch built like it (target/bench/results-floor.json; docs/benchmarks.md, "The floor").
 bench: deps
 	$(CARGO) bench --bench trainlet
 

@@ -38,6 +38,10 @@
 //! 10. the pre-flight: what `init --preflight` adds to a job's start at N = 64 and 256,
 //!     with real sockets between the agents (preflight.rs;
 //!     `target/bench/results-preflight.json`).
+//! 11. the floor: `trainlet init` against a bare kube-rs watch of the job's pods built
+//!     like it (benches/floor/floor.rs), at N = 8, 32 and 64, five rounds each: p99 and
+//!     peak RSS against the project's goal of 2× and 8 MiB (floor.rs;
+//!     `target/bench/results-floor.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`. A run is kept by copying its JSON into docs/bench/;
@@ -53,6 +57,8 @@ mod support;
 #[path = "../../tests/it/report_support.rs"]
 mod report_support;
 
+mod agents;
+mod floor;
 mod footprint;
 mod metrics;
 mod node;

@@ -8,6 +8,11 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+// The floor scenario's tables (a path from this file's folder, so that
+// tests/it/bench_docs.rs, which includes this file, finds it too).
+#[path = "floor_report.rs"]
+pub mod floor_report;
+
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -1026,6 +1031,8 @@ pub fn render(results: &Value) -> String {
         preflight_markdown(results)
     } else if results.get("median_recovered_ms").is_some() {
         recovery_markdown(results)
+    } else if results.get("floor_sizes").is_some() {
+        floor_report::markdown(results)
     } else {
         markdown(results)
     }

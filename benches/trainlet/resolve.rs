@@ -2,7 +2,7 @@
 //! wait for N pods that the kubelet player then marks Running in random order.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -10,6 +10,7 @@ use kube::Client;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
+use crate::agents::{Setup, agent_command};
 use crate::metrics::{agent_cost, pod_watches, scrape};
 use crate::support::{self, Kubelet, pod};
 
@@ -24,6 +25,10 @@ pub enum Tool {
     KubectlWait,
     /// `kubectl get` every 2 s (k8s-wait-for), then `kubectl get` + shell.
     KubectlPoll,
+    /// The floor (benches/floor/floor.rs): a bare kube-rs watch of the job's pods that
+    /// exits when the last one is Running with an address, built like trainlet; the
+    /// run's `bin` is its executable.
+    Floor,
 }
 
 impl Tool {
@@ -33,6 +38,16 @@ impl Tool {
             Tool::TrainletCoordinated => "trainlet init, coordinated",
             Tool::KubectlWait => "kubectl wait + get",
             Tool::KubectlPoll => "kubectl get, 2 s poll",
+            Tool::Floor => "floor: bare kube-rs watch",
+        }
+    }
+
+    /// The file in an agent's output directory whose mtime is its end: trainlet's and
+    /// the shell's `tf_config.json`, or the empty file the floor creates as it exits.
+    pub fn done_file(self) -> &'static str {
+        match self {
+            Tool::Floor => "done",
+            _ => "tf_config.json",
         }
     }
 }
@@ -72,18 +87,6 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// What every agent of one run shares.
-struct Setup<'a> {
-    tool: Tool,
-    bin: &'a Path,
-    kubeconfig: &'a Path,
-    ns: &'a str,
-    sel: &'a str,
-    n: usize,
-    port: u16,
-    types: usize,
-}
-
 /// The server port of pod `i`, named `tf`. On this one host every agent shares a
 /// network namespace, and agents that bind-test one port at the same moment would see
 /// each other's test as a conflict (in a cluster each pod has its own namespace): so
@@ -103,100 +106,112 @@ pub fn task_of(i: usize, n: usize, types: usize) -> (&'static str, usize) {
     }
 }
 
-fn agent_command(s: &Setup, pod_name: &str, out: &Path) -> Command {
-    let Setup {
-        tool,
-        bin,
-        kubeconfig: kc,
-        ns,
-        sel,
-        n,
-        port,
-        types,
-    } = *s;
-    let rss = out.join("rss");
-    let mut cmd = Command::new("/usr/bin/time");
-    // Peak RSS in KiB, then user and system CPU seconds.
-    cmd.arg("-f").arg("%M %U %S").arg("-o").arg(&rss);
-    match tool {
-        Tool::Trainlet | Tool::TrainletCoordinated => {
-            let (jobs, expect) = if types == 2 {
-                let ps = (n / 16).max(1);
-                (
-                    vec![
-                        format!("ps={sel},role=ps"),
-                        format!("worker={sel},role=worker"),
-                    ],
-                    format!("ps={ps},worker={}", n - ps),
-                )
-            } else {
-                (vec![format!("worker={sel}")], format!("worker={n}"))
-            };
-            cmd.arg(bin).arg("init").arg("--kubeconfig").arg(kc).args([
-                "--pod-name",
-                pod_name,
-                "--pod-namespace",
-                ns,
-            ]);
-            for j in &jobs {
-                cmd.args(["--job", j]);
-            }
-            cmd.args([
-                "--expect",
-                &expect,
-                "--port-name",
-                "tf",
-                "--port",
-                &port.to_string(),
-                "--timeout",
-                "10m",
-                "--log-level",
-                "warn",
-                "--coordinate",
-                if tool == Tool::Trainlet {
-                    "never"
-                } else {
-                    "always"
-                },
-            ])
-            .arg("--output-dir")
-            .arg(out);
-        }
-        Tool::KubectlWait | Tool::KubectlPoll => {
-            let wait = if tool == Tool::KubectlWait {
-                "kubectl wait --for=jsonpath='{.status.phase}'=Running pod -l \"$SEL\" --timeout=600s >/dev/null".to_string()
-            } else {
-                format!(
-                    "until [ \"$(kubectl get pods -l \"$SEL\" -o jsonpath='{{range .items[*]}}{{.status.phase}}{{\"\\n\"}}{{end}}' | grep -c '^Running$')\" -eq {n} ]; do sleep 2; done"
-                )
-            };
-            // What a user's shell init container does: wait, get the addresses, write
-            // TF_CONFIG with the shell (natural order by name, own index by position).
-            let script = format!(
-                r#"set -eu
-{wait}
-list=$(kubectl get pods -l "$SEL" -o jsonpath='{{range .items[*]}}{{.metadata.name}}{{" "}}{{.status.podIP}}{{"\n"}}{{end}}' | sort -V)
-hosts=$(printf '%s\n' "$list" | awk '{{printf "%s\"%s:{port}\"", (NR>1?",":""), $2}}')
-idx=$(printf '%s\n' "$list" | awk -v me="$POD" '$1==me {{print NR-1}}')
-printf '{{"cluster":{{"worker":[%s]}},"task":{{"type":"worker","index":%s}}}}\n' "$hosts" "$idx" >"$OUT/.tf_config.json.tmp"
-mv "$OUT/.tf_config.json.tmp" "$OUT/tf_config.json"
-"#
-            );
-            cmd.args(["sh", "-c", &script])
-                .env("KUBECONFIG", kc)
-                .env("SEL", sel)
-                .env("POD", pod_name)
-                .env("OUT", out)
-                // A cold init container has no discovery cache.
-                .env("KUBECACHEDIR", out.join("kube-cache"))
-                .env("HOME", out);
+/// What a run's agents left: each one's latency, peak RSS and CPU, and the failures.
+struct Gathered {
+    latency: Vec<f64>,
+    rss: Vec<u64>,
+    cpu_ms: Vec<f64>,
+    failures: usize,
+    /// When the last agent's file existed (`t_last` if none did).
+    last_done: SystemTime,
+}
+
+impl Gathered {
+    /// The run's [`Outcome`] from its agents: the percentiles, medians and failures.
+    /// What the API server sent them is the caller's to fill in (zero here).
+    fn outcome(
+        self,
+        tool: Tool,
+        n: usize,
+        types: usize,
+        delay: Duration,
+        t_last: SystemTime,
+    ) -> Outcome {
+        let mut sorted = self.latency.clone();
+        sorted.sort_by(f64::total_cmp);
+        let mut rss_sorted = self.rss.clone();
+        rss_sorted.sort();
+        let mut cpu_ms = self.cpu_ms;
+        cpu_ms.sort_by(f64::total_cmp);
+        Outcome {
+            tool,
+            n,
+            types,
+            egress_kib: 0.0,
+            delay_s: delay.as_secs_f64(),
+            p50_ms: percentile(&sorted, 50.0),
+            p99_ms: percentile(&sorted, 99.0),
+            max_ms: sorted.last().copied().unwrap_or(f64::NAN),
+            all_done_ms: self
+                .last_done
+                .duration_since(t_last)
+                .map(|d| d.as_secs_f64() * 1e3)
+                .unwrap_or(0.0),
+            latency_ms: self.latency,
+            rss_median_kib: rss_sorted.get(rss_sorted.len() / 2).copied().unwrap_or(0),
+            rss_max_kib: rss_sorted.last().copied().unwrap_or(0),
+            rss_kib: self.rss,
+            cpu_median_ms: cpu_ms.get(cpu_ms.len() / 2).copied().unwrap_or(f64::NAN),
+            requests_per_agent: 0.0,
+            requests_by_kind: Default::default(),
+            bytes_per_agent: 0.0,
+            failures: self.failures,
         }
     }
-    // A file, not a pipe: a thousand agents would hold a thousand pipes open here.
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(out.join("stderr")).expect("stderr file"));
-    cmd
+}
+
+/// Waits for every agent and reads what it left: the mtime of its [`Tool::done_file`]
+/// from `t_last`, and its `/usr/bin/time` line. Failed agents are counted and logged.
+fn gather(tool: Tool, children: &mut [Child], dirs: &[PathBuf], t_last: SystemTime) -> Gathered {
+    let mut g = Gathered {
+        latency: Vec::new(),
+        rss: Vec::new(),
+        cpu_ms: Vec::new(),
+        failures: 0,
+        last_done: t_last,
+    };
+    for (child, dir) in children.iter_mut().zip(dirs) {
+        let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+        if !status.success() {
+            g.failures += 1;
+            let err = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+            eprintln!(
+                "bench: {} agent in {} failed ({status}): {}",
+                tool.label(),
+                dir.display(),
+                err.trim()
+            );
+            continue;
+        }
+        let done = std::fs::metadata(dir.join(tool.done_file()))
+            .and_then(|m| m.modified())
+            .unwrap();
+        g.last_done = g.last_done.max(done);
+        g.latency.push(
+            done.duration_since(t_last)
+                .map(|d| d.as_secs_f64() * 1e3)
+                .unwrap_or(0.0),
+        );
+        let line = std::fs::read_to_string(dir.join("rss")).unwrap_or_default();
+        let fields: Vec<&str> = line
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        g.rss
+            .push(fields.first().and_then(|v| v.parse().ok()).unwrap_or(0));
+        g.cpu_ms.push(
+            fields
+                .iter()
+                .skip(1)
+                .filter_map(|v| v.parse::<f64>().ok())
+                .sum::<f64>()
+                * 1e3,
+        );
+    }
+    g
 }
 
 pub async fn run(
@@ -210,8 +225,79 @@ pub async fn run(
     run_shaped(client, kc, bin, tool, n, 1, delay).await
 }
 
+/// The job's `n` pods in `ns`, labelled with `sel`, their type and their index within
+/// it, each with a port of its own, bound to a node; their names.
+async fn create_pods(
+    client: &Client,
+    kubelet: &Kubelet,
+    ns: &str,
+    sel: &str,
+    n: usize,
+    types: usize,
+) -> Vec<String> {
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            let (t, k) = task_of(i, n, types);
+            format!("{t}-{k}")
+        })
+        .collect();
+    futures::stream::iter(names.iter().enumerate())
+        .for_each_concurrent(16, |(i, name)| {
+            let (t, k) = task_of(i, n, types);
+            async move {
+                pod(name)
+                    .labels(&format!(
+                        "{sel},role={t},batch.kubernetes.io/job-completion-index={k}"
+                    ))
+                    .port("tf", i32::from(own_port(i)))
+                    .create(client, ns)
+                    .await;
+                kubelet.bind(name, "node-a").await;
+            }
+        })
+        .await;
+    names
+}
+
+/// Lets every agent reach its waiting state: for watchers, until the API server holds
+/// their `n` watches (at most 180 s); for the polling loop, two polls.
+async fn settle(client: &Client, tool: Tool, n: usize, watches_before: f64) {
+    let settle = Instant::now();
+    if tool == Tool::KubectlPoll {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        return;
+    }
+    loop {
+        let w = pod_watches(&scrape(client).await) - watches_before;
+        if w >= n as f64 || settle.elapsed() > Duration::from_secs(180) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The kubelet player: Running in random order, spread over about one second. Returns
+/// when the last Running status was sent.
+async fn play_running(kubelet: &Kubelet, names: &[String]) -> SystemTime {
+    let n = names.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rand::rng());
+    let gap = Duration::from_secs_f64(1.0 / n as f64);
+    let mut t_last = SystemTime::now();
+    for (k, i) in order.iter().enumerate() {
+        let ip = format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256);
+        if k == n - 1 {
+            t_last = SystemTime::now();
+        }
+        kubelet.running_as(&names[*i], &ip, "trainer").await;
+        tokio::time::sleep(gap).await;
+    }
+    t_last
+}
+
 /// One run with a job of `types` types (1 or 2); pods carry their type and their
-/// index within it as labels, as Indexed Jobs label theirs.
+/// index within it as labels, as Indexed Jobs label theirs. `bin` is the tool's
+/// executable: trainlet's, or the floor's for [`Tool::Floor`] (kubectl is on the PATH).
 pub async fn run_shaped(
     client: &Client,
     kc: &Path,
@@ -223,30 +309,8 @@ pub async fn run_shaped(
 ) -> Outcome {
     let ns = support::namespace(client, &format!("bench-{n}")).await;
     let sel = format!("bench={}", support::unique());
-    let names: Vec<String> = (0..n)
-        .map(|i| {
-            let (t, k) = task_of(i, n, types);
-            format!("{t}-{k}")
-        })
-        .collect();
     let kubelet = Kubelet::new(client, &ns);
-    futures::stream::iter(names.iter().enumerate())
-        .for_each_concurrent(16, |(i, name)| {
-            let (client, ns, sel, kubelet) =
-                (client.clone(), ns.clone(), sel.clone(), kubelet.clone());
-            let (t, k) = task_of(i, n, types);
-            async move {
-                pod(name)
-                    .labels(&format!(
-                        "{sel},role={t},batch.kubernetes.io/job-completion-index={k}"
-                    ))
-                    .port("tf", i32::from(own_port(i)))
-                    .create(&client, &ns)
-                    .await;
-                kubelet.bind(name, "node-a").await;
-            }
-        })
-        .await;
+    let names = create_pods(client, &kubelet, &ns, &sel, n, types).await;
     let base = tempfile::tempdir().unwrap();
     let dirs: Vec<PathBuf> = names
         .iter()
@@ -285,82 +349,11 @@ pub async fn run_shaped(
                 .expect("spawn agent")
         })
         .collect();
-
-    // Let every agent reach its waiting state: for watchers, until the API server holds
-    // their watches; for the polling loop, two polls.
-    let settle = Instant::now();
-    if tool == Tool::KubectlPoll {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    } else {
-        loop {
-            let w = pod_watches(&scrape(client).await) - watches_before;
-            if w >= n as f64 || settle.elapsed() > Duration::from_secs(180) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    settle(client, tool, n, watches_before).await;
     tokio::time::sleep(delay).await;
+    let t_last = play_running(&kubelet, &names).await;
 
-    // The kubelet player: Running in random order, spread over about one second.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.shuffle(&mut rand::rng());
-    let gap = Duration::from_secs_f64(1.0 / n as f64);
-    let mut t_last = SystemTime::now();
-    for (k, i) in order.iter().enumerate() {
-        let ip = format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256);
-        if k == n - 1 {
-            t_last = SystemTime::now();
-        }
-        kubelet.running_as(&names[*i], &ip, "trainer").await;
-        tokio::time::sleep(gap).await;
-    }
-
-    let mut latency = Vec::new();
-    let mut rss = Vec::new();
-    let mut cpu_ms = Vec::new();
-    let mut failures = 0;
-    let mut last_done = t_last;
-    for (child, dir) in children.iter_mut().zip(&dirs) {
-        let status = tokio::task::block_in_place(|| child.wait()).unwrap();
-        if !status.success() {
-            failures += 1;
-            let err = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
-            eprintln!(
-                "bench: {} agent in {} failed ({status}): {}",
-                tool.label(),
-                dir.display(),
-                err.trim()
-            );
-            continue;
-        }
-        let done = std::fs::metadata(dir.join("tf_config.json"))
-            .and_then(|m| m.modified())
-            .unwrap();
-        last_done = last_done.max(done);
-        latency.push(
-            done.duration_since(t_last)
-                .map(|d| d.as_secs_f64() * 1e3)
-                .unwrap_or(0.0),
-        );
-        let line = std::fs::read_to_string(dir.join("rss")).unwrap_or_default();
-        let fields: Vec<&str> = line
-            .trim()
-            .lines()
-            .last()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        rss.push(fields.first().and_then(|v| v.parse().ok()).unwrap_or(0));
-        cpu_ms.push(
-            fields
-                .iter()
-                .skip(1)
-                .filter_map(|v| v.parse::<f64>().ok())
-                .sum::<f64>()
-                * 1e3,
-        );
-    }
+    let g = gather(tool, &mut children, &dirs, t_last);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = scrape(client).await;
     let (by_kind, bytes) = agent_cost(&before, &after);
@@ -369,35 +362,11 @@ pub async fn run_shaped(
         by_kind_per_agent.insert(k.clone(), v / n as f64);
     }
     let total: f64 = by_kind.values().sum();
-
-    let mut sorted = latency.clone();
-    sorted.sort_by(f64::total_cmp);
-    let mut rss_sorted = rss.clone();
-    rss_sorted.sort();
     Outcome {
-        tool,
-        n,
-        types,
         egress_kib: bytes / 1024.0,
-        delay_s: delay.as_secs_f64(),
-        p50_ms: percentile(&sorted, 50.0),
-        p99_ms: percentile(&sorted, 99.0),
-        max_ms: sorted.last().copied().unwrap_or(f64::NAN),
-        all_done_ms: last_done
-            .duration_since(t_last)
-            .map(|d| d.as_secs_f64() * 1e3)
-            .unwrap_or(0.0),
-        latency_ms: latency,
-        rss_median_kib: rss_sorted.get(rss_sorted.len() / 2).copied().unwrap_or(0),
-        rss_max_kib: rss_sorted.last().copied().unwrap_or(0),
-        rss_kib: rss,
-        cpu_median_ms: {
-            cpu_ms.sort_by(f64::total_cmp);
-            cpu_ms.get(cpu_ms.len() / 2).copied().unwrap_or(f64::NAN)
-        },
         requests_per_agent: total / n as f64,
         requests_by_kind: by_kind_per_agent,
         bytes_per_agent: bytes / n as f64,
-        failures,
+        ..g.outcome(tool, n, types, delay, t_last)
     }
 }
