@@ -273,6 +273,8 @@ impl Reporter for Engine {
         }
         self.progress_restarted();
         self.group_restarted(SystemTime::now());
+        // CMD's new run begins with every timer due at once, as its first did.
+        self.wake = None;
         // The new cluster is the one to watch from now on, from a fresh list: the old
         // watches were not read while CMD was down, and what they buffered would first
         // show the new cluster stale again.

@@ -51,10 +51,6 @@ impl Default for Life {
 }
 
 impl Life {
-    pub fn new() -> Life {
-        Life::default()
-    }
-
     /// A signal while CMD runs (`None`: the signal stream ended). SIGCHLD reaps; any
     /// other is forwarded to CMD, and one that stops the container means CMD's exit
     /// ends exec.
@@ -280,7 +276,7 @@ mod tests {
         assert_eq!(running(1).restarted(2), running(2));
         assert_eq!(running(2).restarts(), 2);
         assert_eq!(Life::Terminating.restarted(3), Life::Terminating);
-        assert_eq!(Life::new(), running(0));
+        assert_eq!(Life::default(), running(0));
         assert_eq!(Life::Stopped.status(Some(128 + SIGKILL)), 137);
     }
 }

@@ -191,7 +191,7 @@ impl Supervisor {
             cmd,
             program: respawner.argv[0].clone(),
             respawner,
-            life: Life::new(),
+            life: Life::default(),
         }
     }
 
