@@ -5,14 +5,14 @@
 //! to be acted on; the restart announced, the wait for the moved files, the new
 //! cluster followed.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn};
 
 use super::config::{ExecConfig, RoleConfig};
 use super::input::Input;
-use super::peers_file::Incoming;
-use super::{Config, Engine, ReportError, peers_file};
+use super::role::Incoming;
+use super::{Config, Engine, ReportError};
 use crate::cluster::drift::ClusterStatus;
 use crate::event::Event;
 use crate::peers::drift::PeerWatch;
@@ -22,11 +22,10 @@ use crate::signal::{self, Signals};
 use crate::stall::group::{PeerFailure, PeerRun};
 use crate::stall::peers::PeerStall;
 use crate::stall::progress::{Metric, Reported};
-use crate::stall::watching::News;
 use crate::supervise::child::Child;
 use crate::supervise::decide::Failed;
 use crate::supervise::lifecycle::{self, Handback, Reporter, Standing};
-use crate::supervise::policy::{OnPeerChange, OnStall, Policy};
+use crate::supervise::policy::{OnPeerChange, Policy};
 use crate::{Code, Failure, flags, kubeflow};
 
 /// A report through the Kubeflow endpoint, as the progress watch keeps it (the
@@ -203,7 +202,7 @@ impl Reporter for Engine {
     /// sidecar has moved the files to the replacements and says `current` with a
     /// higher generation. With credentials, nothing: the init workflow waits itself.
     async fn wait_for_files(&mut self) -> Result<(), Failure> {
-        let Some(wait) = self.role.peers_in().map(peers_file::Incoming::wait) else {
+        let Some(wait) = self.role.peers_in().map(Incoming::wait) else {
             return Ok(());
         };
         let limit = self.exec_config().restart.wait;
@@ -311,100 +310,6 @@ impl Reporter for Engine {
         self.outbox.flush(&self.metrics, &self.ready).await;
         self.hand_over(Some(code));
         self.probes.oom.ledger.kills.last().map(OomKill::message)
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// exec's stall check: every `--interval` and at the moment a stall would begin, the
-// heartbeat, a CPU sample and the stall rule (`crate::stall::watching`); the `Stalled`
-// Event; the stall to act on, this pod's or a peer's.
-
-impl Engine {
-    /// exec, every `--interval`: the heartbeat, a CPU sample, and the stall check.
-    /// `ended`: CMD has exited, and only an end of a stall is news.
-    pub(super) fn check_progress(&mut self, ended: bool) {
-        let now = SystemTime::now();
-        let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
-        let Some(mut w) = self.role.exec_mut().and_then(|e| e.watching.take()) else {
-            return;
-        };
-        let progress = w.sample(now, ticks, self.cfg.probes.interval);
-        let news = if w.judges(ended) {
-            let peers = self.peer_progress();
-            w.check(&progress, peers, now, || self.probes.gpus.utilization())
-        } else {
-            None
-        };
-        let standing = w.standing();
-        if let Some(e) = self.role.exec_mut() {
-            e.watching = Some(w);
-        }
-        match news {
-            Some(News::Stalled { n, note }) => {
-                warn!(stall = n, "{note}");
-                self.record(Event::warning(Reason::Stalled, note), true);
-            }
-            Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
-            None => {}
-        }
-        self.set_progress_metrics(&progress, standing);
-    }
-
-    /// exec: when to check for a stall besides every `--interval`: the moment one would
-    /// begin ([`crate::stall::watching::StallWatch::due`]), while no check judged it
-    /// (a moment passed without a stall, a rank only silent, waits for the probes).
-    pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
-        let due = self.role.exec()?.watching.as_ref()?.due()?;
-        // Past already (exec got to it late): at once.
-        let left = due.duration_since(SystemTime::now()).unwrap_or_default();
-        // A millisecond past it, so that the check's own clock reads it as passed.
-        Some(std::time::Instant::now() + left + Duration::from_millis(1))
-    }
-
-    /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
-    /// own, or a peer's ([`crate::stall::peers::to_act_on`]).
-    pub(super) fn act_on_stall(&self) -> Option<String> {
-        let e = self.role.exec()?;
-        if e.cfg.restart.on_stall == OnStall::Report {
-            return None;
-        }
-        let w = e.watching.as_ref()?;
-        let peers = self.peer_stalls();
-        let own = self
-            .view
-            .pod
-            .as_ref()
-            .and_then(|p| p.metadata.name.as_deref());
-        w.to_act_on(|| self.container_name(), &peers, own)
-    }
-
-    /// The latest progress another pod of the job published, where exec sees its
-    /// peers: from `peers.json` handing over, else from its own peer watch.
-    fn peer_progress(&self) -> Option<SystemTime> {
-        let own = self
-            .view
-            .pod
-            .as_ref()
-            .and_then(|p| p.metadata.name.as_deref());
-        self.cluster_view()?.peer_progress(own)
-    }
-
-    /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
-    /// own peer watch.
-    fn peer_stalls(&self) -> Vec<PeerStall> {
-        self.cluster_view().map(|v| v.stalled()).unwrap_or_default()
-    }
-
-    /// CMD started again: its silence counts from now, and the peers' stalls known now
-    /// were answered by this restart. Called before the peer watch is made anew.
-    pub(super) fn progress_restarted(&mut self) {
-        let known = self.peer_stalls();
-        if let Some(e) = self.role.exec_mut() {
-            e.restarts += 1;
-            if let Some(w) = e.watching.as_mut() {
-                w.restarted(SystemTime::now(), known);
-            }
-        }
     }
 }
 

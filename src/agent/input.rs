@@ -190,23 +190,11 @@ impl Engine {
         }
     }
 
-    /// A wake-up from what the role owns (`Role::next`): a peer event, the
-    /// sidecar's peers.json, exec's observation; a new report when it changed where
-    /// the tasks stand or what exec observed.
-    pub(super) fn on_role_input(&mut self, input: Input) {
-        let changed = match input {
-            Input::Peer(i, ev) => self.role.peers_mut().is_some_and(|p| p.on_event(i, ev)),
-            Input::PeersFile => self.role.peers_in_mut().is_some_and(|p| p.read()),
-            Input::Observations => self.read_observations(),
-            _ => false,
-        };
-        if changed {
-            self.refresh();
+    /// Reads the OOM counters and names the victims ([`crate::report::probe::oom`]);
+    /// each kill is told once.
+    pub(super) async fn check_oom(&mut self, notified: bool) {
+        for kill in self.probes.oom.check(notified, &self.view).await {
+            self.announce_kill(&kill, true);
         }
-    }
-
-    /// exec: reads the sidecar's peers.json; a new report when it changed.
-    pub(super) fn on_peers_file(&mut self) {
-        self.on_role_input(Input::PeersFile);
     }
 }

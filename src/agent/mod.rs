@@ -30,11 +30,10 @@ mod group;
 mod input;
 mod link;
 mod observations;
-mod peers_file;
-mod progress;
 mod republish;
 mod role;
 mod sidecar;
+mod stall;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -44,13 +43,10 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::core::v1::Container;
 use tracing::warn;
 
-use crate::event::Event;
-use crate::metrics::{self, ContainerLabel, Metrics, MetricsError, Readiness};
+use crate::metrics::{self, Metrics, MetricsError, Readiness};
 use crate::publish::{ContainerUrgency, TokenBucket};
-use crate::reason::Reason;
 use crate::report::outbox::Outbox;
 use crate::report::pod::{self, PodView};
-use crate::report::probe::oom::OomKill;
 use crate::report::probe::oom::watch::OomWatch;
 use crate::report::probe::ports::listeners::{self, Listeners};
 use crate::report::state::State;
@@ -220,57 +216,6 @@ impl Engine {
         self.probes.listeners.probe(&watched, &cx);
     }
 
-    async fn check_oom(&mut self, notified: bool) {
-        for kill in self.probes.oom.check(notified, &self.view).await {
-            self.announce_kill(&kill, true);
-        }
-    }
-
-    fn announce_kill(&mut self, kill: &OomKill, urgent: bool) {
-        self.log_news(&kill.message());
-        self.metrics
-            .oom_kills
-            .get_or_create(&ContainerLabel {
-                container: kill.container.clone(),
-            })
-            .inc();
-        self.record(Event::warning(Reason::OomKill, kill.message()), urgent);
-    }
-
-    /// Every Event of the agent, whichever role sends it and whatever it tells of, goes
-    /// out through here and the outbox's recorder ([`crate::report::recorder`]): its
-    /// counter, then the queue. exec handing over leaves the Event to the sidecar,
-    /// which records what exec handed over through this same path.
-    fn record(&mut self, event: Event, urgent: bool) {
-        match event.reason {
-            Reason::Stalled => {
-                self.metrics.progress.stalls.inc();
-            }
-            Reason::Restarting => {
-                self.metrics.restarts.inc();
-            }
-            _ => {}
-        }
-        if !self.role.hands_over() {
-            self.outbox.record(event, urgent);
-        }
-    }
-
-    /// A warning about news (an OOM kill, an XID), at most 20 at once and then one per
-    /// 3 s: in the shipped layout the news comes from the training container, which
-    /// must not be able to fill the sidecar's log. What is not logged is counted, and
-    /// said with the next line that is.
-    fn log_news(&mut self, line: &str) {
-        if !self.news.log.take(Instant::now()) {
-            self.news.unlogged += 1;
-            return;
-        }
-        match std::mem::take(&mut self.news.unlogged) {
-            0 => warn!("{line}"),
-            n => warn!("{line} ({n} lines like this one were not logged before it)"),
-        }
-    }
-
     /// The probes that failed, by probe: their parts of the report are partial.
     fn probe_errors(&self) -> BTreeMap<String, String> {
         let mut errors = self.probes.oom.errors.clone();
@@ -278,18 +223,6 @@ impl Engine {
             errors.insert("ports".into(), e.clone());
         }
         errors
-    }
-
-    /// After anything changed, in this order: the sidecar tells exec where the cluster
-    /// stands (and, when exec waits for the replacements, first moves the cluster files
-    /// to them); the report is computed from the observations, which touches no file;
-    /// exec hands its observations to the sidecar.
-    fn refresh(&mut self) {
-        if self.role.mode() == Mode::Sidecar {
-            self.tell_exec();
-        }
-        self.evaluate();
-        self.hand_over(None);
     }
 
     /// Starts the peer watch, where there is one and a connection to the API server.

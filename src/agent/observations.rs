@@ -1,9 +1,12 @@
-//! The engine's two ends of the observation handover ([`crate::handover::observation`]):
-//! `exec --observations` writes what it observes instead of publishing it; the sidecar
-//! reads it, announces what is new, and merges it into the one report of the pod.
+//! What the agent tells, whichever its role. Every Event (an OOM kill, a stall, a
+//! restart, an XID) goes out through [`Engine::record`] and the outbox's recorder.
+//! Handing over, exec tells through the observation handover
+//! ([`crate::handover::observation`]) instead: `exec --observations` writes what it
+//! observes instead of publishing it; the sidecar reads it, records what is new through
+//! the same `record`, and merges it into the one report of the pod.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
@@ -14,17 +17,70 @@ use crate::handover::observation::{
     self as handover, GpuObservation, KillObservation, Observation, Published, VERSION, Version,
     XidCountObservation,
 };
-use crate::metrics::{ReasonLabel, XidLabel};
+use crate::metrics::{ContainerLabel, ReasonLabel, XidLabel};
 use crate::publish::keys;
 use crate::reason::Reason;
 use crate::report::document::ExecMark;
 use crate::report::previous::Previous;
 use crate::report::probe::gpu::xid::XidError;
+use crate::report::probe::oom::OomKill;
 use crate::report::probe::ports::PortEntry;
 
 /// At most this many `GPUXidError` Events for one XID from one version: a counter
 /// that jumps by thousands is counted in full, not announced thousands of times.
 const XID_EVENTS_PER_VERSION: u64 = 8;
+
+// ---------------------------------------------------------------------------------
+// What the agent tells, whichever role: every Event goes out through `record`; exec
+// handing over leaves it to the sidecar, which records what exec handed over (below)
+// through the same `record`.
+
+impl Engine {
+    pub(super) fn announce_kill(&mut self, kill: &OomKill, urgent: bool) {
+        self.log_news(&kill.message());
+        self.metrics
+            .oom_kills
+            .get_or_create(&ContainerLabel {
+                container: kill.container.clone(),
+            })
+            .inc();
+        self.record(Event::warning(Reason::OomKill, kill.message()), urgent);
+    }
+
+    /// Every Event of the agent, whichever role sends it and whatever it tells of, goes
+    /// out through here and the outbox's recorder ([`crate::report::recorder`]): its
+    /// counter, then the queue. exec handing over leaves the Event to the sidecar,
+    /// which records what exec handed over through this same path.
+    pub(super) fn record(&mut self, event: Event, urgent: bool) {
+        match event.reason {
+            Reason::Stalled => {
+                self.metrics.progress.stalls.inc();
+            }
+            Reason::Restarting => {
+                self.metrics.restarts.inc();
+            }
+            _ => {}
+        }
+        if !self.role.hands_over() {
+            self.outbox.record(event, urgent);
+        }
+    }
+
+    /// A warning about news (an OOM kill, an XID), at most 20 at once and then one per
+    /// 3 s: in the shipped layout the news comes from the training container, which
+    /// must not be able to fill the sidecar's log. What is not logged is counted, and
+    /// said with the next line that is.
+    pub(super) fn log_news(&mut self, line: &str) {
+        if !self.news.log.take(Instant::now()) {
+            self.news.unlogged += 1;
+            return;
+        }
+        match std::mem::take(&mut self.news.unlogged) {
+            0 => warn!("{line}"),
+            n => warn!("{line} ({n} lines like this one were not logged before it)"),
+        }
+    }
+}
 
 /// exec's end: where it writes, and which run of exec it is.
 pub(super) struct Outgoing {

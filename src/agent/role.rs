@@ -3,13 +3,18 @@
 //! that differs by role matches on [`Role`] or asks it; no field of the engine stands
 //! for a role by being set or not, and no flag is read again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::config::{ExecConfig, RoleConfig, SidecarConfig};
 use super::input::Input;
-use super::{Config, Mode, group, observations, peers_file};
+use super::{Config, Engine, Mode, group, observations};
+use crate::cluster::drift::ClusterStatus;
+use crate::peerchange::file::{self as peers, PeersState};
+use crate::peerchange::protocol::{ExecWait, Relay as PeerRelay};
 use crate::peers::drift::{self as peer_watch, PeerWatch};
+use crate::stall::group::{PeerFailure, PeerRun};
+use crate::stall::peers::PeerStall;
 use crate::stall::watching::Watching;
 use crate::supervise::policy::{OnFailure, OnPeerChange, OnStall};
 
@@ -38,7 +43,7 @@ pub(super) struct Sidecar {
 /// where the cluster stands out (`peers.json`, and the files moved for a restart).
 pub(super) struct Relay {
     pub inbox: observations::Inbox,
-    pub peers_out: Option<peers_file::Outgoing>,
+    pub peers_out: Option<PeersOut>,
 }
 
 /// exec's own parts.
@@ -65,7 +70,7 @@ pub(super) enum Reach {
     /// the sidecar's `peers.json` (`peers_in`).
     HandOver {
         outgoing: observations::Outgoing,
-        peers_in: Option<peers_file::Incoming>,
+        peers_in: Option<Incoming>,
     },
 }
 
@@ -79,7 +84,7 @@ impl Role {
                 peers: peers(),
                 relay: own.observations.clone().map(|dir| Relay {
                     inbox: observations::Inbox::new(dir),
-                    peers_out: cluster_file.and_then(peers_file::Outgoing::new),
+                    peers_out: cluster_file.and_then(PeersOut::new),
                 }),
                 cfg: own,
             }),
@@ -193,7 +198,7 @@ impl Role {
     }
 
     /// exec handing over: what the sidecar tells of the peers.
-    pub fn peers_in(&self) -> Option<&peers_file::Incoming> {
+    pub fn peers_in(&self) -> Option<&Incoming> {
         match self {
             Role::Exec(Exec {
                 reach: Reach::HandOver { peers_in, .. },
@@ -203,7 +208,7 @@ impl Role {
         }
     }
 
-    pub fn peers_in_mut(&mut self) -> Option<&mut peers_file::Incoming> {
+    pub fn peers_in_mut(&mut self) -> Option<&mut Incoming> {
         match self {
             Role::Exec(Exec {
                 reach: Reach::HandOver { peers_in, .. },
@@ -229,7 +234,7 @@ impl Role {
     }
 
     /// The sidecar of an exec that hands over, with `cluster.json`: its `peers.json`.
-    pub fn peers_out_mut(&mut self) -> Option<&mut peers_file::Outgoing> {
+    pub fn peers_out_mut(&mut self) -> Option<&mut PeersOut> {
         match self {
             Role::Sidecar(Sidecar { relay: Some(r), .. }) => r.peers_out.as_mut(),
             _ => None,
@@ -259,7 +264,7 @@ impl Role {
             Role::Exec(Exec {
                 reach: Reach::HandOver { peers_in, .. },
                 ..
-            }) => match peers_file::next_state(peers_in).await {
+            }) => match next_state(peers_in).await {
                 Some(()) => Input::PeersFile,
                 None => std::future::pending().await,
             },
@@ -270,7 +275,7 @@ impl Role {
 /// Where exec, handing over, reads what the sidecar tells of its peers (peers.json):
 /// when a peer's change, stall or failure acts on CMD, or the stall rule reads the
 /// peers' progress.
-fn peers_in(cluster_file: Option<&Path>, own: &ExecConfig) -> Option<peers_file::Incoming> {
+fn peers_in(cluster_file: Option<&Path>, own: &ExecConfig) -> Option<Incoming> {
     let f = cluster_file?;
     let hears = own.restart.on_change != OnPeerChange::Report
         || own.restart.on_stall != OnStall::Report
@@ -282,7 +287,161 @@ fn peers_in(cluster_file: Option<&Path>, own: &ExecConfig) -> Option<peers_file:
     hears
         .then(|| f.parent())
         .flatten()
-        .map(|d| peers_file::Incoming::new(d.to_path_buf()))
+        .map(|d| Incoming::new(d.to_path_buf()))
+}
+
+// ---------------------------------------------------------------------------------
+// What the role's own inputs do: a peer's event (the peer watch), a new `peers.json`
+// (exec handing over), new observations (the sidecar). A change refreshes the pod's
+// view: the sidecar tells exec, the report is evaluated again, exec hands over.
+
+impl Engine {
+    /// A wake-up from what the role owns (`Role::next`): a peer event, the
+    /// sidecar's peers.json, exec's observation; a new report when it changed where
+    /// the tasks stand or what exec observed.
+    pub(super) fn on_role_input(&mut self, input: Input) {
+        let changed = match input {
+            Input::Peer(i, ev) => self.role.peers_mut().is_some_and(|p| p.on_event(i, ev)),
+            Input::PeersFile => self.role.peers_in_mut().is_some_and(|p| p.read()),
+            Input::Observations => self.read_observations(),
+            _ => false,
+        };
+        if changed {
+            self.refresh();
+        }
+    }
+
+    /// exec: reads the sidecar's peers.json; a new report when it changed.
+    pub(super) fn on_peers_file(&mut self) {
+        self.on_role_input(Input::PeersFile);
+    }
+
+    /// After anything changed, in this order: the sidecar tells exec where the cluster
+    /// stands (and, when exec waits for the replacements, first moves the cluster files
+    /// to them); the report is computed from the observations, which touches no file;
+    /// exec hands its observations to the sidecar.
+    pub(super) fn refresh(&mut self) {
+        if self.role.mode() == Mode::Sidecar {
+            self.tell_exec();
+        }
+        self.evaluate();
+        self.hand_over(None);
+    }
+}
+
+/// The sidecar's end of `peers.json` ([`crate::peerchange::file`]): it says where the
+/// cluster stands and moves the files for a waiting exec.
+pub(super) struct PeersOut {
+    pub dir: PathBuf,
+    /// What was written last.
+    pub written: Option<PeersState>,
+    /// The sidecar's side of the exchange ([`crate::peerchange::protocol`]).
+    pub relay: PeerRelay,
+    /// The last write failed (logged once).
+    pub failed: bool,
+}
+
+impl PeersOut {
+    /// Next to `cluster.json`; the generation goes on from the file a sidecar before
+    /// this one left.
+    pub fn new(cluster_file: &Path) -> Option<PeersOut> {
+        let dir = cluster_file.parent()?.to_path_buf();
+        let generation = peers::read(&dir).map_or(0, |s| s.generation);
+        Some(PeersOut {
+            dir,
+            written: None,
+            relay: PeerRelay::new(generation),
+            failed: false,
+        })
+    }
+}
+
+/// exec's end of `peers.json` ([`crate::peerchange::file`]): exec, without API
+/// credentials, learns of a peer change from it and restarts from the moved files.
+pub(super) struct Incoming {
+    dir: PathBuf,
+    watch: Option<crate::watch::FileWatch>,
+    pub state: Option<PeersState>,
+}
+
+impl Incoming {
+    pub fn new(dir: PathBuf) -> Incoming {
+        Incoming {
+            dir,
+            watch: None,
+            state: None,
+        }
+    }
+
+    /// Reads the file again; returns whether the state changed.
+    pub fn read(&mut self) -> bool {
+        let state = peers::read(&self.dir);
+        let changed = state != self.state;
+        self.state = state;
+        changed
+    }
+
+    /// Where the cluster stands, as the sidecar last said.
+    pub fn status(&self) -> Option<ClusterStatus> {
+        self.state.as_ref().map(|s| s.cluster.clone())
+    }
+
+    /// A wait for the moved files, from the state exec sees now.
+    pub fn wait(&self) -> ExecWait {
+        ExecWait {
+            before: self.state.as_ref().map_or(0, |s| s.generation),
+        }
+    }
+
+    /// The sidecar answered `wait`.
+    pub fn over(&self, wait: &ExecWait) -> bool {
+        self.state
+            .as_ref()
+            .is_some_and(|s| wait.over(s.generation, s.is_current()))
+    }
+
+    /// The peers the sidecar reports stalled.
+    pub fn stalled(&self) -> Vec<PeerStall> {
+        self.state
+            .as_ref()
+            .map(PeersState::stalled)
+            .unwrap_or_default()
+    }
+
+    /// The peers the sidecar reports failed, asking for a restart.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        self.state
+            .as_ref()
+            .map(PeersState::failures)
+            .unwrap_or_default()
+    }
+
+    /// The peers' runs of CMD, as the sidecar sees them.
+    pub fn runs(&self) -> Vec<PeerRun> {
+        self.state
+            .as_ref()
+            .map(PeersState::runs)
+            .unwrap_or_default()
+    }
+
+    /// The latest progress another pod published, as the sidecar sees it.
+    pub fn peer_progress(&self) -> Option<std::time::SystemTime> {
+        self.state.as_ref()?.peer_progress()
+    }
+
+    /// Wakes on a new version of the file; without inotify, exec reads it every
+    /// `--interval`.
+    pub fn watch(&mut self) {
+        self.watch = crate::watch::entry_or_poll(&self.dir, peers::FILE);
+    }
+}
+
+/// The next new version of `peers.json`, or never without a watch.
+pub(super) async fn next_state(incoming: &mut Option<Incoming>) -> Option<()> {
+    match incoming.as_mut() {
+        Some(i) => crate::watch::woken(&mut i.watch).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

@@ -23,9 +23,11 @@ use crate::render::frameworks;
 use crate::render::{CLUSTER_FILE, TF_CONFIG_FILE};
 use crate::stall::progress::{HEARTBEAT_ENV, HEARTBEAT_FILE};
 use crate::supervise::child::SpawnError;
+use crate::supervise::child::{command, read_outputs};
 use crate::supervise::launcher::{self, Verdict};
-use crate::supervise::lifecycle::{Ended, Supervisor};
-use crate::supervise::respawn::{Respawner, command, read_outputs};
+use crate::supervise::life::Ended;
+use crate::supervise::lifecycle::Respawner;
+use crate::supervise::lifecycle::Supervisor;
 use crate::{Exit, Failure, bootstrap, kubeflow};
 use tracing::warn;
 

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::drift::{ANNOTATION_MAX, ClusterStatus};
 use crate::handover::file;
 use crate::render::{self, OutputError};
+use crate::stall::group::{PeerFailure, PeerRun};
+use crate::stall::peers::PeerStall;
 
 /// The file's name, in init's output directory.
 pub const FILE: &str = render::PEERS_FILE;
@@ -95,6 +97,47 @@ pub struct StalledPeer {
 impl PeersState {
     pub fn is_current(&self) -> bool {
         self.cluster.is_current()
+    }
+
+    /// The peers the sidecar reports stalled.
+    pub fn stalled(&self) -> Vec<PeerStall> {
+        self.stalled
+            .iter()
+            .map(|p| PeerStall {
+                pod: p.pod.clone(),
+                since: crate::time::from_ms(p.since_ms),
+                ongoing: p.ongoing,
+            })
+            .collect()
+    }
+
+    /// The peers the sidecar reports failed, asking for a restart.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        self.failed
+            .iter()
+            .map(|p| PeerFailure {
+                pod: p.pod.clone(),
+                since: crate::time::from_ms(p.since_ms),
+                note: crate::publish::truncate(&p.note, crate::stall::peers::MAX_FAILURE_NOTE),
+            })
+            .collect()
+    }
+
+    /// The peers' runs of CMD, as the sidecar sees them.
+    pub fn runs(&self) -> Vec<PeerRun> {
+        self.runs
+            .iter()
+            .map(|p| PeerRun {
+                pod: p.pod.clone(),
+                started: crate::time::from_ms(p.started_ms),
+                down: p.down,
+            })
+            .collect()
+    }
+
+    /// The latest progress another pod published, as the sidecar sees it.
+    pub fn peer_progress(&self) -> Option<std::time::SystemTime> {
+        Some(crate::time::from_ms(self.progress_ms?))
     }
 }
 

@@ -1,15 +1,19 @@
-//! CMD as trainlet's child in `exec --report`: started under a subreaper, sent the
-//! signals the kubelet sends trainlet, and reaped, together with every orphan of its
-//! tree, as PID 1 must.
+//! CMD as trainlet's child in `exec --report`: made with the variables of
+//! `trainlet.env` ([`command`]), started under a subreaper, sent the signals the kubelet
+//! sends trainlet, and reaped, together with every orphan of its tree, as PID 1 must.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::output::{Copiers, Watch};
+use crate::Failure;
+use crate::render::frameworks::envfile;
+use crate::render::{self, ENV_FILE, TF_CONFIG_FILE, TfConfig};
 use crate::report::probe::oom::procs;
 use crate::signal;
 
@@ -140,6 +144,36 @@ impl SpawnError {
             _ => crate::Code::CannotExecute,
         }
     }
+}
+
+/// The init container's files: trainlet.env holds what its --framework chose. A
+/// tf_config.json alone (written by hand, or by an older init) gives TF_CONFIG.
+pub fn read_outputs(dir: &Path) -> Result<(Vec<(String, String)>, TfConfig), Failure> {
+    let (_, tf) = render::read_tf_config(&dir.join(TF_CONFIG_FILE))?;
+    let env_file = dir.join(ENV_FILE);
+    let env = if env_file.exists() {
+        render::read_env(&env_file)?
+    } else {
+        render::tf_env(&tf)
+    };
+    Ok((env, tf))
+}
+
+/// CMD with the variables of trainlet.env, those that fit in an environment.
+pub fn command(argv: &[String], env: Vec<(String, String)>, dir: &Path) -> std::process::Command {
+    let (env, too_long) = envfile::fitting(env);
+    for name in too_long {
+        warn!(
+            "{name} is longer than the kernel allows one environment variable (128 KiB) and is left out of CMD's environment; read it from {} instead",
+            dir.display()
+        );
+    }
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).envs(env);
+    if let Some((name, value)) = unbuffered(|n| std::env::var_os(n)) {
+        cmd.env(name, value);
+    }
+    cmd
 }
 
 #[cfg(test)]

@@ -175,6 +175,42 @@ impl Life {
     }
 }
 
+/// How CMD ended under `exec --report`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ended {
+    /// CMD's exit code, or 128+signal; [`Code::PeerChanged`] or [`Code::Stalled`]
+    /// when exec stopped it.
+    pub code: i32,
+    /// The last OOM kill among CMD's processes, if there was one.
+    pub oom: Option<String>,
+    /// Why exec stopped CMD and exits, if it did.
+    pub why: Option<String>,
+}
+
+impl Ended {
+    /// Why CMD ended, for the termination message; `None` when it succeeded.
+    pub fn reason(&self, program: &str) -> Option<String> {
+        if let Some(why) = &self.why {
+            return Some(why.clone());
+        }
+        if self.code == 0 {
+            return None;
+        }
+        let how = match self.code {
+            c if c > 128 => format!(
+                "{program} was killed by signal {} ({})",
+                c - 128,
+                signal::name(c - 128)
+            ),
+            c => format!("{program} exited with code {c}"),
+        };
+        Some(match &self.oom {
+            Some(kill) => format!("{how}; {kill}"),
+            None => how,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,5 +314,32 @@ mod tests {
         assert_eq!(Life::Terminating.restarted(3), Life::Terminating);
         assert_eq!(Life::default(), running(0));
         assert_eq!(Life::Stopped.status(Some(128 + SIGKILL)), 137);
+    }
+
+    #[test]
+    fn the_termination_reason_names_the_code_the_signal_and_an_oom_kill() {
+        let ended = |code, oom: Option<&str>| Ended {
+            code,
+            oom: oom.map(String::from),
+            why: None,
+        };
+        assert_eq!(ended(0, None).reason("python"), None);
+        assert_eq!(
+            ended(3, None).reason("python").as_deref(),
+            Some("python exited with code 3")
+        );
+        assert_eq!(
+            ended(
+                137,
+                Some(
+                    "process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
+                )
+            )
+            .reason("torchrun")
+            .as_deref(),
+            Some(
+                "torchrun was killed by signal 9 (SIGKILL); process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
+            )
+        );
     }
 }

@@ -3,26 +3,29 @@
 //! action; then [`decide`] says what to do: end with CMD's status, stop CMD and
 //! exit 7 (8 for a stall), or stop it, wait the backoff and the cluster, and start it
 //! again with the new environment ([`Respawner`]: the init workflow again, or the files
-//! the sidecar moved).
+//! the sidecar moved, and CMD gets the variables of `trainlet.env` again).
 //!
 //! The [`Supervisor`] owns CMD; the reporter that runs beside it is behind [`Reporter`],
 //! so that this loop is all a reader needs to follow "a peer is replaced → exec restarts
 //! CMD with the new address"; what the reporter observes and publishes is the agent's
 //! (`src/agent`).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
 
-use super::child::{Child, SpawnError};
+use super::child::command;
+use super::child::{Child, SpawnError, read_outputs};
 pub use super::decide::Standing;
 pub use super::decide::Trigger;
 use super::decide::{self, Decision, Facts, Failed, Next};
+use super::life::Ended;
 use super::life::{Act, Life};
 use super::policy::{self, OnFailure, Policy};
-use super::respawn::{Respawner, Resume};
 use super::stop::{stop_tree, wait_for_stop};
-use crate::signal::{self, Signals};
+use crate::bootstrap::{self, InitConfig, InitError};
+use crate::signal::Signals;
 use crate::stall::group;
 use crate::{Code, Failure};
 
@@ -77,42 +80,6 @@ pub enum Handback {
     Signal(Option<i32>),
     /// Where the reporter stands asks for action, or the wait is over.
     Standing,
-}
-
-/// How CMD ended under `exec --report`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Ended {
-    /// CMD's exit code, or 128+signal; [`Code::PeerChanged`] or [`Code::Stalled`]
-    /// when exec stopped it.
-    pub code: i32,
-    /// The last OOM kill among CMD's processes, if there was one.
-    pub oom: Option<String>,
-    /// Why exec stopped CMD and exits, if it did.
-    pub why: Option<String>,
-}
-
-impl Ended {
-    /// Why CMD ended, for the termination message; `None` when it succeeded.
-    pub fn reason(&self, program: &str) -> Option<String> {
-        if let Some(why) = &self.why {
-            return Some(why.clone());
-        }
-        if self.code == 0 {
-            return None;
-        }
-        let how = match self.code {
-            c if c > 128 => format!(
-                "{program} was killed by signal {} ({})",
-                c - 128,
-                signal::name(c - 128)
-            ),
-            c => format!("{program} exited with code {c}"),
-        };
-        Some(match &self.oom {
-            Some(kill) => format!("{how}; {kill}"),
-            None => how,
-        })
-    }
 }
 
 /// Waits out a restart's backoff (after a failure, beside the barrier: the backoff is
@@ -172,6 +139,71 @@ pub fn spawn(
     })?;
     info!(pid = child.pid, "started {program}");
     Ok(child)
+}
+
+/// Why CMD starts again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// A peer changed (`--on-peer-change restart`): wait until the cluster is complete
+    /// again and write its files. `after` is, in a coordinated job, the generation of
+    /// the resolution that showed the change: resolving again must not take an older
+    /// one, which still names the pod that went.
+    PeerChange { after: Option<u64> },
+    /// A stall (`--on-stall restart`) or a failure (`--on-failure restart`): the
+    /// cluster is as it was, and so are its files.
+    AsItWas,
+}
+
+/// What a restart needs to make CMD again.
+pub struct Respawner {
+    /// CMD and its arguments.
+    pub argv: Vec<String>,
+    /// Where init's files are.
+    pub dir: PathBuf,
+    /// Resolving again after a peer change: init's config, where exec holds
+    /// credentials; `None` where it hands over (the sidecar moves the files).
+    pub init: Option<InitConfig>,
+    /// What CMD gets besides trainlet.env (the heartbeat file, torch's error file),
+    /// applied at each start.
+    pub prepare: Box<dyn Fn(std::process::Command) -> std::process::Command>,
+    /// Init's errors as the user reads them.
+    pub explain: fn(&InitError) -> String,
+    /// CMD's failure with this exit code, in words (how it ended, its root cause),
+    /// when it is worth a retry; `None` when it is permanent.
+    pub retried: Box<dyn Fn(i32) -> Option<String>>,
+}
+
+impl Respawner {
+    /// CMD again, for a restart: after a peer change, from the cluster resolved again
+    /// (with credentials) or from the files the sidecar moved; after a stall, from the
+    /// files as they were.
+    pub async fn command(&self, resume: Resume) -> Result<std::process::Command, Failure> {
+        let init = match resume {
+            Resume::PeerChange { after } => self.init.clone().map(|mut c| {
+                c.min_generation = after;
+                c
+            }),
+            // A stall changed no peer: the files are as they were.
+            Resume::AsItWas => None,
+        };
+        match init {
+            Some(init) => {
+                let out = bootstrap::run(&init, self.explain)
+                    .await
+                    .map_err(|e| Failure::new(e.code(), (self.explain)(&e)))?;
+                Ok((self.prepare)(command(
+                    &self.argv,
+                    out.env,
+                    &init.output_dir,
+                )))
+            }
+            // The sidecar moved the files, or nothing moved.
+            None => {
+                let (env, _) = read_outputs(&self.dir)?;
+                Ok((self.prepare)(command(&self.argv, env, &self.dir)))
+            }
+        }
+    }
 }
 
 /// The supervisor of CMD: it owns the child, and carries out what [`decide`] says
@@ -418,37 +450,4 @@ struct Restart {
     n: u32,
     of: u32,
     delay: std::time::Duration,
-}
-
-// ---------------------------------------------------------------------------------
-#[cfg(test)]
-mod tests {
-    use super::Ended;
-
-    #[test]
-    fn the_termination_reason_names_the_code_the_signal_and_an_oom_kill() {
-        let ended = |code, oom: Option<&str>| Ended {
-            code,
-            oom: oom.map(String::from),
-            why: None,
-        };
-        assert_eq!(ended(0, None).reason("python"), None);
-        assert_eq!(
-            ended(3, None).reason("python").as_deref(),
-            Some("python exited with code 3")
-        );
-        assert_eq!(
-            ended(
-                137,
-                Some(
-                    "process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
-                )
-            )
-            .reason("torchrun")
-            .as_deref(),
-            Some(
-                "torchrun was killed by signal 9 (SIGKILL); process python (pid 812) in container trainer was OOM-killed; memory limit 4Gi"
-            )
-        );
-    }
 }

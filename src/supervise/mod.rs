@@ -12,5 +12,4 @@ pub mod life;
 pub mod lifecycle;
 pub mod output;
 pub mod policy;
-pub mod respawn;
 pub mod stop;

@@ -3,7 +3,8 @@
 //! `crate::cmd` or clap; neither the file-level module graph nor the graph of the
 //! top-level folders of `src/` has a loop; no source file holds more than 500 lines of
 //! non-test code, no function is longer than 80 lines, and no struct has more than 20
-//! fields: past those, a reader no longer takes a file or a function in at once.
+//! fields: past those, a reader no longer takes a file or a function in at once. Each
+//! of the doc's three routes names files that exist, as many as it says, at most 10.
 //!
 //! The graph's edges are a file's `crate::…` paths and `super::…` references, each to the
 //! longest module path that is a file of the crate; a unit-test module (`tests.rs`,
@@ -358,6 +359,74 @@ fn no_function_is_longer_than_80_lines() {
     assert!(over.is_empty(), "{over:#?}");
 }
 
+/// The most files a reader opens to follow one behaviour of docs/architecture.md.
+const MAX_ROUTE_FILES: usize = 10;
+
+/// docs/architecture.md's routes: each behaviour's title, the number of files it says,
+/// and the files its numbered steps name (a bare `name.rs` is in the folder of the
+/// path named before it).
+fn routes(doc: &str) -> Vec<(String, usize, BTreeSet<String>)> {
+    let doc = format!("\n{doc}");
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("Three behaviours"))
+        .expect("docs/architecture.md has the section of the three behaviours");
+    let mut out: Vec<(String, usize, BTreeSet<String>)> = Vec::new();
+    let mut in_steps = false;
+    let mut folder = String::new();
+    for line in section.lines() {
+        if let Some(title) = line.strip_prefix("**") {
+            let (title, rest) = title.split_once("**").expect("a bold title");
+            let n = rest
+                .trim()
+                .trim_start_matches('(')
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("a route says its number of files: (N files)");
+            out.push((title.to_string(), n, BTreeSet::new()));
+            continue;
+        }
+        let numbered = line
+            .split_once(". ")
+            .is_some_and(|(n, _)| n.parse::<u32>().is_ok());
+        in_steps = numbered || (in_steps && line.starts_with("   "));
+        let Some(route) = out.last_mut().filter(|_| in_steps) else {
+            continue;
+        };
+        for (i, token) in line.split('`').enumerate() {
+            if i % 2 == 0 || !token.ends_with(".rs") || token.contains(' ') {
+                continue;
+            }
+            let file = match token.rsplit_once('/') {
+                Some((dir, _)) => {
+                    folder = dir.to_string();
+                    token.to_string()
+                }
+                None => format!("{folder}/{token}"),
+            };
+            route.2.insert(file);
+        }
+    }
+    out
+}
+
+#[test]
+fn each_route_of_docs_architecture_is_true_and_at_most_10_files() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let routes = routes(&doc);
+    assert_eq!(routes.len(), 3, "{routes:#?}");
+    for (title, said, files) in &routes {
+        let missing: Vec<_> = files
+            .iter()
+            .filter(|f| !repo().join("src").join(f).is_file())
+            .collect();
+        assert!(missing.is_empty(), "{title}: no such file {missing:?}");
+        assert_eq!(files.len(), *said, "{title}: {files:#?}");
+        assert!(*said <= MAX_ROUTE_FILES, "{title}: {files:#?}");
+    }
+}
+
 /// `text` with its comments, strings and character literals blanked (line breaks
 /// kept), so that the braces left are the code's.
 fn blank(text: &str) -> String {
@@ -513,6 +582,16 @@ fn the_checks_find_what_they_look_for() {
             "pub struct A {\n    /// a: doc\n    pub a: u8,\n    b: Vec<(u8, u8)>,\n    c: std::collections::BTreeMap<u8, u8>,\n}\nstruct B(u8);\nstruct C {\n    #[serde(default)]\n    pub(super) x: Option<u8>,\n}\n"
         ),
         [("A".to_string(), 3), ("C".to_string(), 1)]
+    );
+    // A route's files: its numbered steps only, a bare name in the folder named before.
+    let doc = "## Three behaviours\n\n**Ping** (2 files).\n\n1. `a/b.rs`: x (`c.rs`),\n   `a/b.rs` again;\n\nNot a step: `z/z.rs`.\n\n## Next\n`y/y.rs`\n";
+    assert_eq!(
+        routes(doc),
+        [(
+            "Ping".to_string(),
+            2,
+            BTreeSet::from(["a/b.rs".to_string(), "a/c.rs".to_string()])
+        )]
     );
     assert_eq!(
         code_only("let x = 1; // clap\n/// clap\nuse clap;"),

@@ -1,0 +1,233 @@
+//! exec's stall watch, as the agent runs it ([`crate::stall`] holds the rule).
+//!
+//! exec: every `--interval`, and at the moment a stall would begin
+//! ([`Engine::stall_check_at`], which the loop wakes at), it looks at the heartbeat
+//! file, what CMD printed and CMD's CPU time, checks for a stall, and on one records
+//! the `Stalled` Event (its note: what CMD did over the window, CPU, GPU utilization)
+//! through [`Engine::record`]. It acts on a stall, its own or a peer's from the peer
+//! watch or `peers.json` ([`Engine::act_on_stall`]): the supervisor then restarts or
+//! stops CMD. Handing over, the stall goes to the sidecar in exec's observations, and
+//! the sidecar publishes it. Either publishes `trainlet.io/progress`, which every
+//! peer's watch reads, and the progress metrics.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use super::Engine;
+use crate::event::Event;
+use crate::handover::observation::{MAX_TEXT, ProgressObservation};
+use crate::metrics::ContainerLabel;
+use crate::reason::Reason;
+use crate::stall::peers::{PeerStall, annotation};
+use crate::stall::progress::{Progress, Reported};
+use crate::stall::watching::News;
+use crate::stall::watching::Watching;
+use crate::supervise::policy::OnStall;
+
+impl Engine {
+    /// `standing` (stalled, silent): `None` without `--stall-after`, when nothing is
+    /// ever called stalled and `trainlet_stalled` and `trainlet_silent` have no series.
+    pub(super) fn set_progress_metrics(&self, p: &Progress, standing: Option<(bool, bool)>) {
+        let label = ContainerLabel {
+            container: self.container_name(),
+        };
+        if let Some((stalled, silent)) = standing {
+            self.metrics
+                .progress
+                .stalled
+                .get_or_create(&label)
+                .set(i64::from(stalled));
+            self.metrics
+                .progress
+                .silent
+                .get_or_create(&label)
+                .set(i64::from(silent));
+        }
+        if let Some(at) = p.at {
+            let secs = at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.metrics
+                .progress
+                .last_progress
+                .get_or_create(&label)
+                .set(secs);
+        }
+        if let Some(step) = p.step {
+            self.metrics
+                .progress
+                .progress_step
+                .get_or_create(&label)
+                .set(step);
+        }
+        self.set_reported_metrics(&label, p.reported.as_ref());
+    }
+
+    /// The last report through the Kubeflow endpoint: its percentage, ETA and numeric
+    /// metrics (a value that is no number has no series), in place of the report
+    /// before; none before the first (a restarted exec's sidecar keeps no old ones).
+    fn set_reported_metrics(&self, label: &ContainerLabel, r: Option<&Reported>) {
+        let none = Reported::default();
+        let r = r.unwrap_or(&none);
+        let numbers: Vec<(&str, f64)> = r
+            .metrics
+            .iter()
+            .filter_map(|m| {
+                let v = m.value.trim().parse::<f64>().ok()?;
+                v.is_finite().then_some((m.name.as_str(), v))
+            })
+            .collect();
+        self.metrics
+            .progress
+            .set_reported(&label.container, r.percent, r.eta_seconds, &numbers);
+    }
+
+    /// `trainlet.io/progress` as of now, for the annotations: exec's own progress
+    /// where it publishes, else (the sidecar) what exec handed over, whose metrics it
+    /// serves too.
+    pub(super) fn progress_annotation(&mut self) -> Option<String> {
+        let o = match (self.own_progress(), self.role.inbox()) {
+            (Some(o), _) if !self.role.hands_over() => o,
+            (_, Some(inbox)) => {
+                let o = inbox.fresh(SystemTime::now())?.progress.clone()?;
+                let p = Progress {
+                    at: o.at_ms.map(crate::time::from_ms),
+                    step: o.step,
+                    reported: o.reported.clone(),
+                    ..Progress::default()
+                };
+                self.set_progress_metrics(&p, o.after_ms.map(|_| (o.stalled, o.silent)));
+                o
+            }
+            _ => return None,
+        };
+        let after = o.after_ms.map(Duration::from_millis);
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        let relayed = self
+            .role
+            .peers()
+            .map(|p| p.to_relay(own))
+            .unwrap_or_default();
+        let a = annotation(&o, self.progress.as_ref(), after, &relayed);
+        let text = serde_json::to_string(&a).expect("plain data");
+        self.progress = Some(a);
+        Some(text)
+    }
+}
+
+impl Engine {
+    /// exec's progress as it publishes it or hands it over: the stall watch's, and its
+    /// run of CMD for the group restart (`--on-failure restart`); `None` with neither.
+    pub(super) fn own_progress(&self) -> Option<ProgressObservation> {
+        let e = self.role.exec()?;
+        let mut o = match &e.watching {
+            Some(w) => observation(w),
+            None if e.group.on() => ProgressObservation::default(),
+            None => return None,
+        };
+        e.group.fill(&mut o);
+        o.restarts = e.restarts;
+        Some(o)
+    }
+}
+
+/// exec's progress as it hands it over, its note bounded.
+pub(super) fn observation(w: &Watching) -> ProgressObservation {
+    let mut o = w.observation();
+    o.note = crate::publish::truncate(&o.note, MAX_TEXT);
+    o
+}
+
+impl Engine {
+    /// exec, every `--interval`: the heartbeat, a CPU sample, and the stall check.
+    /// `ended`: CMD has exited, and only an end of a stall is news.
+    pub(super) fn check_progress(&mut self, ended: bool) {
+        let now = SystemTime::now();
+        let ticks: u64 = self.probes.oom.tree.values().map(|p| p.cpu_ticks).sum();
+        let Some(mut w) = self.role.exec_mut().and_then(|e| e.watching.take()) else {
+            return;
+        };
+        let progress = w.sample(now, ticks, self.cfg.probes.interval);
+        let news = if w.judges(ended) {
+            let peers = self.peer_progress();
+            w.check(&progress, peers, now, || self.probes.gpus.utilization())
+        } else {
+            None
+        };
+        let standing = w.standing();
+        if let Some(e) = self.role.exec_mut() {
+            e.watching = Some(w);
+        }
+        match news {
+            Some(News::Stalled { n, note }) => {
+                warn!(stall = n, "{note}");
+                self.record(Event::warning(Reason::Stalled, note), true);
+            }
+            Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
+            None => {}
+        }
+        self.set_progress_metrics(&progress, standing);
+    }
+
+    /// exec: when to check for a stall besides every `--interval`: the moment one would
+    /// begin ([`crate::stall::watching::StallWatch::due`]), while no check judged it
+    /// (a moment passed without a stall, a rank only silent, waits for the probes).
+    pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
+        let due = self.role.exec()?.watching.as_ref()?.due()?;
+        // Past already (exec got to it late): at once.
+        let left = due.duration_since(SystemTime::now()).unwrap_or_default();
+        // A millisecond past it, so that the check's own clock reads it as passed.
+        Some(std::time::Instant::now() + left + Duration::from_millis(1))
+    }
+
+    /// exec with `--on-stall restart|exit`: the stall to act on, while CMD runs: its
+    /// own, or a peer's ([`crate::stall::peers::to_act_on`]).
+    pub(super) fn act_on_stall(&self) -> Option<String> {
+        let e = self.role.exec()?;
+        if e.cfg.restart.on_stall == OnStall::Report {
+            return None;
+        }
+        let w = e.watching.as_ref()?;
+        let peers = self.peer_stalls();
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        w.to_act_on(|| self.container_name(), &peers, own)
+    }
+
+    /// The latest progress another pod of the job published, where exec sees its
+    /// peers: from `peers.json` handing over, else from its own peer watch.
+    fn peer_progress(&self) -> Option<SystemTime> {
+        let own = self
+            .view
+            .pod
+            .as_ref()
+            .and_then(|p| p.metadata.name.as_deref());
+        self.cluster_view()?.peer_progress(own)
+    }
+
+    /// The peers' stalls exec knows of: from `peers.json` handing over, else from its
+    /// own peer watch.
+    fn peer_stalls(&self) -> Vec<PeerStall> {
+        self.cluster_view().map(|v| v.stalled()).unwrap_or_default()
+    }
+
+    /// CMD started again: its silence counts from now, and the peers' stalls known now
+    /// were answered by this restart. Called before the peer watch is made anew.
+    pub(super) fn progress_restarted(&mut self) {
+        let known = self.peer_stalls();
+        if let Some(e) = self.role.exec_mut() {
+            e.restarts += 1;
+            if let Some(w) = e.watching.as_mut() {
+                w.restarted(SystemTime::now(), known);
+            }
+        }
+    }
+}
