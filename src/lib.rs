@@ -78,6 +78,8 @@ pub mod render;
 pub mod report;
 /// SIGTERM and SIGINT handling, and forwarding signals to a child.
 pub mod signal;
+/// Where a hung job is stuck (pure): its ranks' Python stacks, said short and compared.
+pub mod stacks;
 /// The stall watch (pure): progress, silence, stalls of this pod and of its peers.
 pub mod stall;
 /// `trainlet status`: a job's pods as trainlet sees them, and a verdict.

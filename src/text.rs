@@ -1,6 +1,7 @@
 //! Text that people read: what the training container hands over or reports ends up in
 //! annotations, Events, metric labels and `trainlet status`, so a character that hides
-//! or reorders what is shown has no place in it. Pure.
+//! or reorders what is shown has no place in it: it is refused ([`unprintable`]) or
+//! escaped ([`escape`]). Pure.
 
 /// Unicode's format characters (general category Cf: bidirectional overrides and
 /// isolates, zero-width spaces and joiners, the byte order mark, tags) and its line and
@@ -18,6 +19,46 @@ pub fn is_invisible(c: char) -> bool {
 /// The first character of `s` that is a control character or [`is_invisible`], if any.
 pub fn unprintable(s: &str) -> Option<char> {
     s.chars().find(|c| c.is_control() || is_invisible(*c))
+}
+
+/// Text from the cluster, a process or the training container as a terminal or a log
+/// may show it: every control character (C0, DEL,
+/// C1, and the Unicode controls that reorder or hide text) escaped, as `\e` (ESC),
+/// `\r`, `\n`, `\t`, or `\u{9b}`. An annotation or Event can then neither move the
+/// cursor, rewrite a line (a `\r` and a healthy-looking verdict), nor send a terminal
+/// an OSC sequence.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\x1b' => out.push_str("\\e"),
+            '\r' => out.push_str("\\r"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || is_format_control(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Unicode's invisible controls that reorder or hide text (bidirectional overrides and
+/// isolates, zero-width marks): `is_control` covers only C0, DEL and C1.
+fn is_format_control(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+}
+
+/// `text` cut to at most `max` characters, the last of them `…` where it was cut.
+pub fn bound(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some(_) => {
+            let keep: String = text.chars().take(max.saturating_sub(1)).collect();
+            format!("{keep}…")
+        }
+    }
 }
 
 #[cfg(test)]

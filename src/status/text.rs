@@ -2,6 +2,7 @@
 //! their date when it is not today.
 
 use super::CELL_MAX;
+pub use crate::text::{bound, escape};
 
 /// A time the agents wrote (RFC 3339, UTC) as the table shows it: `12:03:04Z` on
 /// `today` (`2026-11-25`), `2020-01-02 12:03:04Z` on another day; fractions of a second
@@ -22,45 +23,6 @@ pub fn clock(time: &str, today: &str) -> String {
         rest
     } else {
         format!("{date} {rest}")
-    }
-}
-
-/// Text from the cluster as the terminal may show it: every control character (C0, DEL,
-/// C1, and the Unicode controls that reorder or hide text) escaped, as `\e` (ESC),
-/// `\r`, `\n`, `\t`, or `\u{9b}`. An annotation or Event can then neither move the
-/// cursor, rewrite a line (a `\r` and a healthy-looking verdict), nor send a terminal
-/// an OSC sequence.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\x1b' => out.push_str("\\e"),
-            '\r' => out.push_str("\\r"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_format_control(c) => {
-                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Unicode's invisible controls that reorder or hide text (bidirectional overrides and
-/// isolates, zero-width marks): `is_control` covers only C0, DEL and C1.
-fn is_format_control(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
-}
-
-/// `text` cut to at most `max` characters, the last of them `…` where it was cut.
-pub fn bound(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some(_) => {
-            let keep: String = text.chars().take(max.saturating_sub(1)).collect();
-            format!("{keep}…")
-        }
     }
 }
 
