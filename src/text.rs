@@ -23,7 +23,7 @@ pub fn unprintable(s: &str) -> Option<char> {
 
 /// Text from the cluster, a process or the training container as a terminal or a log
 /// may show it: every control character (C0, DEL,
-/// C1, and the Unicode controls that reorder or hide text) escaped, as `\e` (ESC),
+/// C1, and the Unicode characters that reorder or hide text, [`is_invisible`]) escaped, as `\e` (ESC),
 /// `\r`, `\n`, `\t`, or `\u{9b}`. An annotation or Event can then neither move the
 /// cursor, rewrite a line (a `\r` and a healthy-looking verdict), nor send a terminal
 /// an OSC sequence.
@@ -35,7 +35,7 @@ pub fn escape(text: &str) -> String {
             '\r' => out.push_str("\\r"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_format_control(c) => {
+            c if c.is_control() || is_format_control(c) || is_invisible(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
             }
             c => out.push(c),

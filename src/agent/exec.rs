@@ -123,6 +123,7 @@ pub async fn exec_reporter(
         _ => engine.container_name(),
     };
     engine.probes.oom.name_own(name);
+    engine.listen_for_stacks();
     engine.start_peer_watch();
     if let Some(p) = engine.role.peers_in_mut() {
         p.read();

@@ -29,6 +29,8 @@ pub(super) enum Input {
     PeersFile,
     /// The sidecar: exec's observation changed.
     Observations,
+    /// exec: a person asks for CMD's Python stacks (`trainlet stacks`).
+    StacksAsked(tokio::net::UnixStream),
     /// NVML: an XID error, a lost GPU, the registration.
     Gpu(GpuEvent),
     /// An OOM notifier fired.
@@ -119,7 +121,9 @@ impl Engine {
                 warn!("watching the own pod: {e}; the watch retries with backoff");
             }
             Input::Pod(None) => wake.pods = None,
-            Input::Peer(..) | Input::PeersFile | Input::Observations => self.on_role_input(input),
+            Input::Peer(..) | Input::PeersFile | Input::Observations | Input::StacksAsked(_) => {
+                self.on_role_input(input)
+            }
             Input::Gpu(ev) => {
                 self.on_gpu_event(ev);
                 self.refresh();

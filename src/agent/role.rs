@@ -56,6 +56,9 @@ pub(super) struct Exec {
     pub group: group::GroupRun,
     /// The restarts of CMD so far, published with its progress.
     pub restarts: u64,
+    /// Where CMD's ranks were at the last capture of their stacks, and the socket a
+    /// person asks for a capture through.
+    pub stacks: super::stall::Stacks,
     /// How exec reaches the API server.
     pub reach: Reach,
 }
@@ -95,6 +98,7 @@ impl Role {
                     .map(|p| Watching::new(p, cluster_file, started)),
                 group: group::GroupRun::new(own.restart.on_failure, cluster_file, started),
                 restarts: 0,
+                stacks: super::stall::Stacks::default(),
                 reach: match own.observations.clone() {
                     None => Reach::Credentials { peers: peers() },
                     Some(dir) => Reach::HandOver {
@@ -242,7 +246,8 @@ impl Role {
     }
 
     /// The next wake-up from what this role owns: a peer event, the sidecar's
-    /// `peers.json` (exec handing over), exec's observation (the sidecar relaying).
+    /// `peers.json` (exec handing over), exec's observation (the sidecar relaying), a
+    /// person asking exec for CMD's stacks (`trainlet stacks`).
     /// Pending for ever where the role owns none of them.
     pub async fn next(&mut self) -> Input {
         match self {
@@ -254,20 +259,19 @@ impl Role {
                     else => std::future::pending().await,
                 }
             }
-            Role::Exec(Exec {
-                reach: Reach::Credentials { peers },
-                ..
-            }) => match peer_watch::next_event(peers).await {
-                Some((i, ev)) => Input::Peer(i, ev),
-                None => std::future::pending().await,
-            },
-            Role::Exec(Exec {
-                reach: Reach::HandOver { peers_in, .. },
-                ..
-            }) => match next_state(peers_in).await {
-                Some(()) => Input::PeersFile,
-                None => std::future::pending().await,
-            },
+            Role::Exec(Exec { reach, stacks, .. }) => {
+                let asked = super::stall::next_ask(&mut stacks.asked);
+                match reach {
+                    Reach::Credentials { peers } => tokio::select! {
+                        Some((i, ev)) = peer_watch::next_event(peers) => Input::Peer(i, ev),
+                        stream = asked => Input::StacksAsked(stream),
+                    },
+                    Reach::HandOver { peers_in, .. } => tokio::select! {
+                        Some(()) = next_state(peers_in) => Input::PeersFile,
+                        stream = asked => Input::StacksAsked(stream),
+                    },
+                }
+            }
         }
     }
 }
@@ -304,6 +308,10 @@ impl Engine {
             Input::Peer(i, ev) => self.role.peers_mut().is_some_and(|p| p.on_event(i, ev)),
             Input::PeersFile => self.role.peers_in_mut().is_some_and(|p| p.read()),
             Input::Observations => self.read_observations(),
+            Input::StacksAsked(stream) => {
+                self.answer_stacks(stream);
+                false
+            }
             _ => false,
         };
         if changed {

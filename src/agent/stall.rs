@@ -12,6 +12,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::path::Path;
+
 use tracing::{info, warn};
 
 use super::Engine;
@@ -19,6 +21,7 @@ use crate::event::Event;
 use crate::handover::observation::{MAX_TEXT, ProgressObservation};
 use crate::metrics::ContainerLabel;
 use crate::reason::Reason;
+use crate::stacks::{self, summary};
 use crate::stall::peers::{PeerStall, annotation};
 use crate::stall::progress::{Progress, Reported};
 use crate::stall::watching::News;
@@ -132,6 +135,7 @@ impl Engine {
         };
         e.group.fill(&mut o);
         o.restarts = e.restarts;
+        o.stuck_at = e.stacks.places.clone();
         Some(o)
     }
 }
@@ -160,6 +164,18 @@ impl Engine {
             None
         };
         let standing = w.standing();
+        // Where CMD is stuck, before anything restarts or stops it: in the Event's note,
+        // and in what exec hands over, which the sidecar's Event takes its note from.
+        let news = match news {
+            Some(News::Stalled { n, .. }) => {
+                let at = self.capture_stacks(&format!("at stall {n}"), now);
+                Some(News::Stalled {
+                    n,
+                    note: w.note_where(&at),
+                })
+            }
+            other => other,
+        };
         if let Some(e) = self.role.exec_mut() {
             e.watching = Some(w);
         }
@@ -168,8 +184,11 @@ impl Engine {
                 warn!(stall = n, "{note}");
                 self.record(Event::warning(Reason::Stalled, note), true);
             }
-            Some(News::Resumed) => info!("{} makes progress again", self.container_name()),
-            None => {}
+            Some(News::Resumed) => {
+                info!("{} makes progress again", self.container_name());
+                self.forget_stacks();
+            }
+            None => self.capture_for_peers(standing, now),
         }
         self.set_progress_metrics(&progress, standing);
     }
@@ -225,9 +244,182 @@ impl Engine {
         let known = self.peer_stalls();
         if let Some(e) = self.role.exec_mut() {
             e.restarts += 1;
+            e.stacks.places.clear();
             if let Some(w) = e.watching.as_mut() {
                 w.restarted(SystemTime::now(), known);
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Where CMD is stuck: its Python stacks, captured at its own stall, at a peer's (the
+// job's stall is in every pod's stacks, and the answer is in comparing them), and
+// when a person asks (`trainlet stacks`, through an abstract socket of the pod).
+
+/// exec's captures of CMD's stacks.
+#[derive(Default)]
+pub(super) struct Stacks {
+    /// Where each rank was at the last capture, for `trainlet.io/progress`.
+    pub places: Vec<String>,
+    /// The peer's stall (its start) the last capture was for: each is captured once.
+    pub captured_for: Option<SystemTime>,
+    /// The socket `trainlet stacks` asks through.
+    pub asked: Option<tokio::net::UnixListener>,
+    /// When a person last asked: one capture a second at most.
+    pub last_asked: Option<std::time::Instant>,
+}
+
+/// The least time between two captures a person asks for.
+const ASK_EVERY: Duration = Duration::from_secs(1);
+/// How long exec waits for `trainlet stacks` to take the dump.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The next connection to exec's stacks socket; pending for ever without one.
+pub(super) async fn next_ask(
+    listener: &mut Option<tokio::net::UnixListener>,
+) -> tokio::net::UnixStream {
+    let Some(l) = listener.as_ref() else {
+        return std::future::pending().await;
+    };
+    match l.accept().await {
+        Ok((stream, _)) => stream,
+        Err(e) => {
+            warn!("the stacks socket failed: {e}; no longer answering trainlet stacks");
+            *listener = None;
+            std::future::pending().await
+        }
+    }
+}
+
+impl Engine {
+    /// Captures the Python stacks of CMD's processes (`why`: at a stall, for a peer's,
+    /// asked): logs the whole dump, keeps where each rank is for `trainlet.io/progress`,
+    /// and returns where the ranks are, short. Blocks the loop for the capture, at most
+    /// [`crate::stacks::capture::BUDGET`].
+    pub(super) fn capture_stacks(&mut self, why: &str, now: SystemTime) -> String {
+        let (captures, cut) = self.read_stacks();
+        let at = summary::summary(&captures);
+        info!(
+            "Python stacks of the processes of {}, {why}:\n{}",
+            self.container_name(),
+            summary::dump(&captures, cut)
+        );
+        if let Some(e) = self.role.exec_mut() {
+            e.stacks.places = summary::places(&captures);
+            e.stacks.captured_for.get_or_insert(now);
+        }
+        at
+    }
+
+    fn read_stacks(&mut self) -> (Vec<stacks::Capture>, usize) {
+        self.probes.oom.refresh_tree();
+        let pids: Vec<u32> = self.probes.oom.tree.keys().copied().collect();
+        stacks::capture::capture(Path::new("/proc"), &pids)
+    }
+
+    /// A peer stalls while this pod does not: this pod's stacks are half of the
+    /// answer, captured once per peer's stall, and forgotten when it is over.
+    fn capture_for_peers(&mut self, standing: Option<(bool, bool)>, now: SystemTime) {
+        if standing.is_some_and(|(stalled, _)| stalled) {
+            return;
+        }
+        let ongoing = self
+            .peer_stalls()
+            .iter()
+            .filter(|s| s.ongoing)
+            .map(|s| s.since)
+            .max();
+        let Some(since) = ongoing else {
+            self.forget_stacks();
+            return;
+        };
+        if self
+            .role
+            .exec()
+            .is_some_and(|e| e.stacks.captured_for >= Some(since))
+        {
+            return;
+        }
+        self.capture_stacks("as a peer stalls", now);
+        if let Some(e) = self.role.exec_mut() {
+            e.stacks.captured_for = Some(since.max(now));
+        }
+    }
+
+    /// CMD makes progress again: where it was stuck is no longer where it is.
+    fn forget_stacks(&mut self) {
+        if let Some(e) = self.role.exec_mut() {
+            e.stacks.places.clear();
+        }
+    }
+
+    /// Listens on the pod's abstract socket for `trainlet stacks`
+    /// ([`stacks::socket_name`]); where another process holds the name, exec goes on
+    /// without it.
+    pub(super) fn listen_for_stacks(&mut self) {
+        let name = stacks::socket_name(&self.container_name());
+        match bind_abstract(&name) {
+            Ok(l) => {
+                if let Some(e) = self.role.exec_mut() {
+                    e.stacks.asked = Some(l);
+                }
+            }
+            Err(e) => warn!("cannot listen on @{name} for trainlet stacks: {e}"),
+        }
+    }
+
+    /// A person asks: the dump goes back on the connection (and into exec's log), from
+    /// a process of this user only, one capture a second at most.
+    pub(super) fn answer_stacks(&mut self, stream: tokio::net::UnixStream) {
+        // /proc/self belongs to this process's effective user.
+        let own_uid = std::os::unix::fs::MetadataExt::uid;
+        let ours = match (stream.peer_cred(), std::fs::metadata("/proc/self")) {
+            (Ok(c), Ok(m)) => c.uid() == own_uid(&m),
+            _ => false,
+        };
+        let Ok(mut stream) = stream.into_std() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let text = if !ours {
+            "trainlet exec answers only processes of its own user\n".to_string()
+        } else if self
+            .role
+            .exec()
+            .and_then(|e| e.stacks.last_asked)
+            .is_some_and(|t| now.duration_since(t) < ASK_EVERY)
+        {
+            "trainlet exec captured the stacks less than a second ago; ask again\n".to_string()
+        } else {
+            if let Some(e) = self.role.exec_mut() {
+                e.stacks.last_asked = Some(now);
+            }
+            let (captures, cut) = self.read_stacks();
+            info!(
+                "Python stacks of the processes of {}, as asked:\n{}",
+                self.container_name(),
+                summary::dump(&captures, cut)
+            );
+            format!(
+                "{}\n{}",
+                summary::summary(&captures),
+                summary::dump(&captures, cut)
+            )
+        };
+        use std::io::Write;
+        let _ = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_write_timeout(Some(ANSWER_TIMEOUT)))
+            .and_then(|()| stream.write_all(text.as_bytes()));
+    }
+}
+
+/// A listener on the abstract Unix socket `name`, for tokio.
+fn bind_abstract(name: &str) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    l.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(l)
 }

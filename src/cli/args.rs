@@ -421,6 +421,16 @@ pub struct GpusArgs {
     pub nvml_lib: Option<PathBuf>,
 }
 
+/// `trainlet stacks`.
+#[derive(Debug, Clone, Args)]
+pub struct StacksArgs {
+    /// The container whose `trainlet exec` to ask, where several in the pod run one;
+    /// the container's own --container (TRAINLET_CONTAINER) by default, then the only
+    /// one that listens.
+    #[arg(long = flags::CONTAINER, env = "TRAINLET_CONTAINER", value_name = "NAME")]
+    pub container: Option<String>,
+}
+
 /// `trainlet status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {

@@ -35,7 +35,7 @@ mod inject_tests;
 use clap::{Parser, Subcommand};
 
 use crate::flags;
-use args::{GpusArgs, InitArgs, MasterArgs, ResolveArgs, SidecarArgs, StatusArgs};
+use args::{GpusArgs, InitArgs, MasterArgs, ResolveArgs, SidecarArgs, StacksArgs, StatusArgs};
 use exec_args::ExecArgs;
 use inject_args::InjectArgs;
 use values::Logs;
@@ -113,6 +113,12 @@ pub enum Command {
     /// and events, no watch. Also `kubectl trainlet status` when installed as the
     /// kubectl plugin `kubectl-trainlet`.
     Status(StatusArgs),
+    /// Print the Python stacks of every process under `trainlet exec --report` in this
+    /// pod, as exec captures them at a stall: where each rank is, then every thread's
+    /// frames. Run it in the training container (`kubectl exec POD -c CONTAINER --
+    /// trainlet stacks`); exec, their ancestor, reads them and answers through an
+    /// abstract socket of the pod. No exec listening exits 3.
+    Stacks(StacksArgs),
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod inject;
 pub mod master;
 pub mod resolve;
 pub mod sidecar;
+pub mod stacks;
 pub mod status;
 
 use crate::cli::Command;
@@ -25,6 +26,7 @@ pub fn run(command: Command) -> Result<Exit, Failure> {
         Command::Gpus(a) => gpus::run(a),
         Command::Inject(a) => inject::run(a),
         Command::Status(a) => status::run(a),
+        Command::Stacks(a) => stacks::run(a),
     }
 }
 

@@ -1,10 +1,40 @@
 //! Where a hung job is stuck: the Python stacks of CMD's processes, as exec reads them
 //! on a stall, said short enough for an Event and compared across the job's pods.
 //! Pure: what a stack says ([`summary`]), which pods are somewhere else than the rest
-//! ([`odd`]), and the bounds on both.
+//! ([`odd`]), and the bounds on both; [`capture`] alone reads the processes.
 
+pub mod capture;
 pub mod odd;
 pub mod summary;
+
+/// The abstract Unix socket (the pod's network namespace: no file, no volume) on which
+/// exec beside `container` answers `trainlet stacks` with a dump.
+pub fn socket_name(container: &str) -> String {
+    format!("{SOCKET_PREFIX}{container}")
+}
+
+/// What every exec's socket name starts with.
+pub const SOCKET_PREFIX: &str = "trainlet-stacks/";
+
+/// The containers whose exec listens for `trainlet stacks`, from `/proc/net/unix`
+/// (the pod's network namespace): each listening abstract socket named
+/// `@trainlet-stacks/CONTAINER`.
+pub fn listening(proc_net_unix: &str) -> Vec<String> {
+    let mut out: Vec<String> = proc_net_unix
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            // Num RefCount Protocol Flags Type St Inode Path; __SO_ACCEPTCON: listening.
+            let (flags, path) = (cols.get(3)?, cols.get(7)?);
+            let name = path.strip_prefix('@')?.strip_prefix(SOCKET_PREFIX)?;
+            (*flags == "00010000").then(|| name.to_string())
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// One frame of a Python stack, as read from the interpreter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,4 +84,19 @@ pub enum Capture {
         command: String,
         why: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_listening_execs_are_read_from_proc_net_unix() {
+        let text = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 27364 @trainlet-stacks/trainer\n\
+            0000000000000000: 00000003 00000000 00000000 0001 03 27380 @trainlet-stacks/trainer\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 27390 @trainlet-stacks/eval\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 27391 /run/other.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 27392\n";
+        assert_eq!(super::listening(text), ["eval", "trainer"]);
+        assert!(super::listening("").is_empty());
+    }
 }

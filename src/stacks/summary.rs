@@ -15,6 +15,10 @@ pub const MAX_THREADS: usize = 64;
 pub const MAX_FRAMES: usize = 128;
 /// The longest name of a function or file shown, in characters.
 pub const MAX_NAME: usize = 120;
+/// The most places a pod publishes, and the longest, in bytes: a place is two frames
+/// of at most [`MAX_NAME`]-character names, escaped.
+pub const MAX_PLACES: usize = 8;
+pub const MAX_PLACE: usize = 1024;
 
 /// `file` as a person reads it: a library's path from its package
 /// (`torch/distributed/distributed_c10d.py`), the standard library's from its top
@@ -129,8 +133,8 @@ pub fn summary(captures: &[Capture]) -> String {
     }
 }
 
-/// The places of the ranks' main threads, each once, in rank order: what the pods of a
-/// job are compared by (`odd.rs`).
+/// The places of the ranks' main threads, each once, in rank order, at most
+/// [`MAX_PLACES`]: what the pods of a job are compared by (`odd.rs`).
 pub fn places(captures: &[Capture]) -> Vec<String> {
     let s = summary(captures);
     if s == "no Python process" {
@@ -139,7 +143,7 @@ pub fn places(captures: &[Capture]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for part in s.split("; ") {
         let at = part.split_once(": ").map_or(part, |(_, at)| at).to_string();
-        if !out.contains(&at) {
+        if !out.contains(&at) && out.len() < MAX_PLACES {
             out.push(at);
         }
     }

@@ -54,6 +54,11 @@ pub struct ProgressObservation {
     /// CMD's last failure that asks the job for a restart (`--on-failure restart`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<FailedObservation>,
+    /// Where CMD's ranks were at the last capture of their Python stacks (a stall of
+    /// this pod or of the job): each place once, in rank order, at most
+    /// [`crate::stacks::summary::MAX_PLACES`] ([`crate::stacks::summary::places`]).
+    #[serde(rename = "where", default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck_at: Vec<String>,
 }
 
 /// For serde: a count of zero is left out.

@@ -51,6 +51,10 @@ pub struct Annotation {
     /// CMD's last failure that asks every rank to restart (`--on-failure restart`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failed>,
+    /// Where CMD's ranks were at the last capture of their stacks, each place once:
+    /// what `trainlet status` compares the pods of a stalled job by.
+    #[serde(rename = "where", default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck_at: Vec<String>,
 }
 
 /// A failure that asks every rank of the job to restart: since when (to the
@@ -113,6 +117,7 @@ pub fn annotation(
             since: time::rfc3339_millis(time::from_ms(f.since_ms)),
             note: f.note.clone(),
         }),
+        stuck_at: o.stuck_at.clone(),
     };
     let Some(prev) = previous else {
         return fresh;
@@ -128,6 +133,7 @@ pub fn annotation(
         || prev.started != fresh.started
         || prev.down != fresh.down
         || prev.failed != fresh.failed
+        || prev.stuck_at != fresh.stuck_at
     {
         return fresh;
     }

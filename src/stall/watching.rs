@@ -77,6 +77,13 @@ impl Watching {
         }
     }
 
+    /// Adds where CMD's ranks are (their stacks, captured at the stall) to the last
+    /// `Stalled` Event's note; returns the note.
+    pub fn note_where(&mut self, at: &str) -> String {
+        self.note = format!("{}; where: {at}", self.note);
+        self.note.clone()
+    }
+
     /// What exec hands the sidecar, and publishes itself with credentials (the note
     /// whole: the caller bounds it).
     pub fn observation(&self) -> ProgressObservation {

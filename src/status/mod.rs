@@ -59,6 +59,10 @@ pub struct PodRow {
     pub eta: String,
     /// Whether CMD is stalled now.
     pub stalled: bool,
+    /// Where CMD's ranks were at the last capture of their stacks (a stall of the pod
+    /// or of its job), each place once; empty without one.
+    #[serde(rename = "where", skip_serializing_if = "Vec::is_empty")]
+    pub stuck_at: Vec<String>,
     /// The reason of the newest Event about the pod.
     pub last_event: String,
 }
@@ -103,6 +107,10 @@ pub struct View {
     pub state: State,
     /// One line for the job: the state and what makes it so.
     pub verdict: String,
+    /// Where the pods are stuck, grouped, the odd ones named
+    /// ([`crate::stacks::odd`]): only once a pod captured its stacks.
+    #[serde(rename = "where", skip_serializing_if = "Option::is_none")]
+    pub stuck_at: Option<String>,
     pub pods: Vec<PodRow>,
 }
 
@@ -133,7 +141,20 @@ pub fn view(
     View {
         state,
         verdict,
+        stuck_at: stuck_at(&rows),
         pods: rows,
+    }
+}
+
+/// The pods compared by where their ranks are, once any pod said.
+fn stuck_at(rows: &[PodRow]) -> Option<String> {
+    let pods: Vec<(String, Vec<String>)> = rows
+        .iter()
+        .map(|r| (r.pod.clone(), r.stuck_at.clone()))
+        .collect();
+    match crate::stacks::odd::compare(&pods) {
+        crate::stacks::odd::Comparison::Unknown => None,
+        c => Some(c.text()),
     }
 }
 
@@ -197,7 +218,8 @@ pub fn row(pod: &Pod, events: &[Event], today: &str) -> PodRow {
             .map(|p| cell(&progress(p, today)))
             .unwrap_or_default(),
         eta: progress_value.as_ref().map(eta).unwrap_or_default(),
-        stalled: progress_value.is_ok_and(|p| p["stalled"] == true),
+        stalled: progress_value.as_ref().is_ok_and(|p| p["stalled"] == true),
+        stuck_at: progress_value.as_ref().map(places).unwrap_or_default(),
         last_event: cell(&last_event(&name, events)),
         pod: cell(&name),
     }
@@ -426,7 +448,25 @@ pub fn table(view: &View) -> String {
     }
     out.push_str(&view.verdict);
     out.push('\n');
+    if let Some(at) = &view.stuck_at {
+        out.push_str(&format!("where: {at}\n"));
+    }
     out
+}
+
+/// The places a pod's progress annotation gives (`where`): strings only, each a cell,
+/// at most [`crate::stacks::summary::MAX_PLACES`].
+fn places(progress: &Value) -> Vec<String> {
+    progress["where"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .take(crate::stacks::summary::MAX_PLACES)
+                .map(cell)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -93,6 +93,7 @@ fn a_pod_row_takes_what_the_agents_published() {
             progress: "45%, step 41 at 12:04:00Z".into(),
             eta: "13m15s".into(),
             stalled: false,
+            stuck_at: vec![],
             last_event: "GPUCountMismatch".into(),
         }
     );
@@ -237,6 +238,7 @@ fn the_verdict_is_the_worst_state_and_names_the_pods() {
         View {
             state: State::Empty,
             verdict: "Job gone: no pods match".into(),
+            stuck_at: None,
             pods: vec![]
         }
     );
@@ -371,6 +373,7 @@ fn a_running_job_is_judged_by_its_pods_and_a_finished_one_by_its_conditions() {
         View {
             state: State::Failing,
             verdict: "Job mnist: failing: failed: BackoffLimitExceeded: Job has reached the specified backoff limit".into(),
+            stuck_at: None,
             pods: vec![]
         }
     );
@@ -592,5 +595,58 @@ fn times_of_another_day_keep_their_date() {
             "step 42 at 2020-01-02 12:00:00Z",
             "trainer at 2020-01-02 11:00:00Z"
         )
+    );
+}
+
+/// A stalled job's pods, grouped by where their ranks are: the odd one out named in
+/// the text and the JSON; a hostile place escaped and bounded like every cell.
+#[test]
+fn a_stalled_job_names_the_pod_that_is_somewhere_else() {
+    const REDUCE: &str =
+        "all_reduce (torch/distributed/distributed_c10d.py:2501) ← train_step (train.py:88)";
+    let stuck = |name: &str, places: &[&str]| {
+        let progress = json!({"stalled": true, "stalls": 1, "where": places}).to_string();
+        pod(
+            name,
+            "Running",
+            json!({"trainlet.io/progress": progress}),
+            json!({}),
+        )
+    };
+    let pods = [
+        stuck("w-0", &[REDUCE]),
+        stuck("w-1", &[REDUCE, "load_batch (data.py:41)"]),
+        stuck("w-2", &[REDUCE]),
+    ];
+    let v = view("Job j", None, &pods, &[], TODAY);
+    let at = format!("2 pods in {REDUCE}; w-1 in load_batch (data.py:41)");
+    assert_eq!(v.stuck_at.as_deref(), Some(at.as_str()));
+    assert!(
+        table(&v).ends_with(&format!("\nwhere: {at}\n")),
+        "{}",
+        table(&v)
+    );
+    let j = serde_json::to_value(&v).unwrap();
+    assert_eq!(j["where"], at);
+    assert_eq!(
+        j["pods"][1]["where"],
+        json!([REDUCE, "load_batch (data.py:41)"])
+    );
+
+    let same = [stuck("w-0", &[REDUCE]), stuck("w-1", &[REDUCE])];
+    assert_eq!(
+        view("Job j", None, &same, &[], TODAY).stuck_at,
+        Some(format!("all 2 pods in the same place: {REDUCE}"))
+    );
+    let quiet = [pod("w-0", "Running", json!({}), json!({}))];
+    assert_eq!(view("Job j", None, &quiet, &[], TODAY).stuck_at, None);
+    assert!(!table(&view("Job j", None, &quiet, &[], TODAY)).contains("where:"));
+
+    let hostile = [stuck("w-0", &["x\u{1b}[2J (a.py:1)"])];
+    assert_eq!(
+        view("Job j", None, &hostile, &[], TODAY)
+            .stuck_at
+            .as_deref(),
+        Some("all 1 pod in the same place: x\\e[2J (a.py:1)")
     );
 }

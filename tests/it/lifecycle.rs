@@ -1237,7 +1237,7 @@ async fn without_credentials_a_job_hung_from_its_start_restarts_every_pods_comma
         |note| {
             note.starts_with("no progress for 5s; no progress output yet; CMD used ")
                 && note.ends_with(
-                    "% of a core over the window; no pod of the job made progress either",
+                    "% of a core over the window; no pod of the job made progress either; where: no Python process",
                 )
         },
         "restarting sh (1 of 3) in 1s: no pod of the job made progress for 5s",

@@ -247,9 +247,15 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
     }
 }
 
-/// `--on-stall report`, per pod (the others' heartbeat goes on): rank 2 hangs for 12 s
+/// Where rank 2 of torch_stall.py hangs: its innermost frame, in the test's own code,
+/// named relative to the rank's working directory (the repository's).
+const HUNG: &str = "load_batch (tests/fixtures/frameworks/torch_stall.py:62)";
+
+/// `--on-stall report`, per pod (the others' heartbeat goes on): rank 2 hangs for 20 s
 /// once; its stall is published and cleared again when it goes on, and nothing
-/// restarts.
+/// restarts. While it hangs, every pod's exec has read its ranks' Python stacks: the
+/// `Stalled` Event and `trainlet.io/progress` say where rank 2 is, and `trainlet
+/// status` names w-2 as the pod that is somewhere else than the two in the all-reduce.
 #[tokio::test]
 async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
     let flags = [
@@ -260,7 +266,7 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
         "--progress-pattern",
         r"step (\d+)",
     ];
-    let job = require!(start(22, "12", &flags).await);
+    let job = require!(start(22, "20", &flags).await);
     let client = admin().await;
     eventually("w-2 stalled", Duration::from_secs(120), || async {
         let a = annotations(&client, &job.ns, "w-2").await;
@@ -270,9 +276,44 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
             .map(|p| {
                 assert_eq!(p["step"], 2.0);
                 assert_eq!(p["stalls"], 1);
+                assert_eq!(p["where"], serde_json::json!([HUNG]), "{p}");
             })
     })
     .await;
+    // The two others wait in the all-reduce, as their own stacks say.
+    let status = || {
+        run(trainlet()
+            .args([
+                "status",
+                "--selector",
+                "role=w",
+                "-o",
+                "json",
+                "-n",
+                &job.ns,
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig()))
+    };
+    let at = eventually("status says where", Duration::from_secs(60), || async {
+        let r = status();
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v["where"]
+            .as_str()
+            .filter(|w| w.starts_with("2 pods in "))
+            .map(String::from)
+    })
+    .await;
+    let rest = at
+        .strip_prefix("2 pods in all_reduce (torch/distributed/distributed_c10d.py:")
+        .unwrap_or_else(|| panic!("{at}"));
+    assert!(
+        rest.ends_with(&format!(
+            ") ← train_step (tests/fixtures/frameworks/torch_stall.py:69); w-2 in {HUNG}"
+        )),
+        "{at}"
+    );
     job.until_done().await;
     eventually("w-2 not stalled", Duration::from_secs(30), || async {
         let p = progress(&annotations(&client, &job.ns, "w-2").await);
@@ -284,14 +325,25 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
         assert_eq!(job.metric(k, "trainlet_restarts_total"), 0.0);
     }
     let events = events_by_pod(&job.ns).await;
-    assert_eq!(
-        events
-            .values()
-            .flatten()
-            .filter(|(r, _)| r == "Stalled")
-            .count(),
-        1
+    let stalled: Vec<&String> = events
+        .values()
+        .flatten()
+        .filter(|(r, _)| r == "Stalled")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(stalled.len(), 1, "{events:?}");
+    assert!(
+        stalled[0].ends_with(&format!("; where: rank 2: {HUNG}")),
+        "{}",
+        stalled[0]
     );
+    // Its stall over, no pod says where it was stuck.
+    eventually("status forgets where", Duration::from_secs(30), || async {
+        let r = status();
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v.get("where").is_none().then_some(())
+    })
+    .await;
     for (name, run) in job.finish().await {
         assert_eq!(run.code, 0, "{name}: {}", run.stderr);
         assert!(
@@ -299,11 +351,20 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
             "{name}: {}",
             run.stdout
         );
+        // The whole dump in exec's log: every thread of the rank's process.
+        assert!(
+            run.stderr
+                .contains("Python stacks of the processes of trainer, "),
+            "{name}: {}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("\"MainThread\" (idle):\n"), "{name}");
     }
 }
 
 /// A CMD that computes without printing is stalled all the same: CPU use is reported,
-/// never taken for progress. Its next line clears the stall.
+/// never taken for progress, and the note says no Python process was there to read.
+/// Its next line clears the stall.
 #[tokio::test]
 async fn a_busy_silent_command_is_stalled_and_its_cpu_use_is_reported() {
     let client = admin().await;
@@ -346,7 +407,7 @@ async fn a_busy_silent_command_is_stalled_and_its_cpu_use_is_reported() {
     let note = stalled[0];
     let cpu: f64 = note
         .strip_prefix("no progress for 3s; last output \"start\"; CMD used ")
-        .and_then(|rest| rest.strip_suffix("% of a core over the window"))
+        .and_then(|rest| rest.strip_suffix("% of a core over the window; where: no Python process"))
         .unwrap_or_else(|| panic!("{note}"))
         .parse()
         .unwrap();
@@ -876,7 +937,7 @@ async fn without_credentials_a_job_wide_hang_restarts_every_pods_command_once() 
     assert_eq!(stalled.len(), 1, "{w0:?}");
     let cpu = stalled[0]
         .strip_prefix("no progress for 3s; last output \"step 7\"; CMD used ")
-        .and_then(|rest| rest.strip_suffix("% of a core over the window"))
+        .and_then(|rest| rest.strip_suffix("% of a core over the window; where: no Python process"))
         .unwrap_or_else(|| panic!("{}", stalled[0]));
     assert!(cpu.parse::<f64>().is_ok(), "{}", stalled[0]);
     assert_eq!(

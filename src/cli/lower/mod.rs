@@ -69,10 +69,16 @@ pub fn parse_duration(flag: &str, value: &str) -> Result<Duration, Failure> {
 /// kube's client logs every failed request at ERROR ("failed with error client error
 /// (Connect)") and returns the error, which trainlet then reports in its own words: a
 /// failure would print two lines. So that log is off unless the filter names
-/// `kube_client`.
+/// `kube_client`. py-spy, which reads CMD's stacks, logs each step of every read at
+/// INFO: only its warnings, unless the filter names `py_spy`.
 pub fn log_filter(value: &str) -> Result<EnvFilter, Failure> {
-    let filter = EnvFilter::try_new(value)
+    let mut filter = EnvFilter::try_new(value)
         .map_err(|e| Failure::usage(format!("invalid --log-level {value:?}: {e}")))?;
+    if !value.contains("py_spy") {
+        for quiet in ["py_spy=warn", "remoteprocess=warn"] {
+            filter = filter.add_directive(quiet.parse().expect("a valid directive"));
+        }
+    }
     Ok(if value.contains("kube_client") {
         filter
     } else {

@@ -86,6 +86,7 @@ fn sample() -> Observation {
                 since_ms: 1_763_798_900_000,
                 note: "pod w-1 (worker/1, rank 1): torchrun exited with code 1".into(),
             }),
+            stuck_at: vec!["load_batch (data.py:41) ← train_step (train.py:88)".into()],
         }),
     }
 }
@@ -206,6 +207,19 @@ fn garbage_oversized_and_hostile_observations_are_rejected_with_a_reason() {
             "invalid"
         );
     }
+    // Where the ranks are: bounded in count and length, printable.
+    assert_eq!(
+        bad(&|o| o.progress.as_mut().unwrap().stuck_at = vec!["x (a.py:1)".into(); 9]).to_string(),
+        "exec.json: progress.where has 9 places, more than 8"
+    );
+    assert_eq!(
+        bad(&|o| o.progress.as_mut().unwrap().stuck_at = vec!["x".repeat(1025)]).to_string(),
+        "exec.json: progress.where is longer than 1024 bytes"
+    );
+    assert_eq!(
+        bad(&|o| o.progress.as_mut().unwrap().stuck_at = vec!["x\u{1b}[2J".into()]).to_string(),
+        "exec.json: progress.where holds control characters"
+    );
     // Letters of any script are fine.
     let mut o = sample();
     o.gpu.devices[0].name = "NVIDIA H100 — 加速器 é".into();

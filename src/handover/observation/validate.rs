@@ -226,6 +226,16 @@ fn kills(kills: &[KillObservation]) -> Result<(), String> {
 /// CMD's progress as exec's stall watch sees it.
 fn progress(p: &ProgressObservation) -> Result<(), String> {
     text("progress.note", &p.note, MAX_TEXT)?;
+    if p.stuck_at.len() > crate::stacks::summary::MAX_PLACES {
+        return Err(format!(
+            "progress.where has {} places, more than {}",
+            p.stuck_at.len(),
+            crate::stacks::summary::MAX_PLACES
+        ));
+    }
+    for place in &p.stuck_at {
+        text("progress.where", place, crate::stacks::summary::MAX_PLACE)?;
+    }
     if let Some(f) = &p.failed {
         text("progress.failed.note", &f.note, MAX_TEXT)?;
     }

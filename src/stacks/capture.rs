@@ -1,0 +1,151 @@
+//! Reading the Python stacks of CMD's processes: the one part of `stacks` that does
+//! I/O. exec is the ancestor of every process it reads, which is what lets it read
+//! them without `CAP_SYS_PTRACE` (Yama's `ptrace_scope` 1 allows an ancestor, and the
+//! runtime's default seccomp profile allows `ptrace` and `process_vm_readv`). py-spy
+//! (as a library, without its CLI) reads each interpreter's memory; it pauses a
+//! process for the moment it reads it, so that the stack is whole.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::summary::MAX_PROCESSES;
+use super::{Capture, Frame, Process, Thread};
+
+/// The longest a capture goes on: past it, the processes not read yet are named as
+/// such. Reading one process takes tens of milliseconds.
+pub const BUDGET: Duration = Duration::from_secs(5);
+/// The most of `/proc/PID/environ` and `/proc/PID/cmdline` read.
+const MAX_PROC_FILE: u64 = 256 * 1024;
+
+/// Reads every process of `pids` (CMD's tree, the oldest first): the Python ones
+/// through py-spy, the others named with why. At most [`MAX_PROCESSES`] are read; the
+/// count of those cut is returned beside.
+pub fn capture(proc_root: &Path, pids: &[u32]) -> (Vec<Capture>, usize) {
+    let start = Instant::now();
+    let cut = pids.len().saturating_sub(MAX_PROCESSES);
+    let pids = &pids[..pids.len() - cut];
+    // Reading a process is mostly parsing its interpreter's symbols: a few at once.
+    let per = pids.len().div_ceil(THREADS).max(1);
+    let out = std::thread::scope(|s| {
+        let parts: Vec<_> = pids
+            .chunks(per)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&pid| one(proc_root, pid, start))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    (out, cut)
+}
+
+/// How many processes are read at once.
+const THREADS: usize = 4;
+
+fn one(proc_root: &Path, pid: u32, start: Instant) -> Capture {
+    let command = command_line(proc_root, pid);
+    if start.elapsed() > BUDGET {
+        return Capture::Unreadable {
+            pid,
+            command,
+            why: format!(
+                "not read: the capture took {} already",
+                humantime::format_duration(BUDGET)
+            ),
+        };
+    }
+    match read(proc_root, pid, &command) {
+        Ok(p) => Capture::Read(p),
+        Err(why) => Capture::Unreadable { pid, command, why },
+    }
+}
+
+fn read(proc_root: &Path, pid: u32, command: &str) -> Result<Process, String> {
+    if !maps_python(proc_root, pid) {
+        return Err("not a Python process".into());
+    }
+    let config = py_spy::Config {
+        blocking: py_spy::config::LockingStrategy::Lock,
+        // A rank blocked in a collective or a read holds no GIL: py-spy calls it idle,
+        // and it is the very thread to show.
+        include_idle: true,
+        ..py_spy::Config::default()
+    };
+    let traces = py_spy::PythonSpy::new(pid as py_spy::Pid, &config)
+        .and_then(|mut spy| spy.get_stack_traces())
+        .map_err(|e| first_line(&format!("{e:#}")))?;
+    let threads = traces
+        .into_iter()
+        .map(|t| Thread {
+            id: t.os_thread_id.unwrap_or(t.thread_id),
+            main: t.os_thread_id == Some(u64::from(pid))
+                || t.thread_name.as_deref() == Some("MainThread"),
+            name: t.thread_name,
+            active: t.active,
+            frames: t
+                .frames
+                .into_iter()
+                .map(|f| Frame {
+                    function: f.name,
+                    file: f.filename,
+                    line: u32::try_from(f.line).unwrap_or(0),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Process {
+        pid,
+        command: command.to_string(),
+        rank: rank(proc_root, pid),
+        cwd: std::fs::read_link(proc_root.join(pid.to_string()).join("cwd"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
+        threads,
+    })
+}
+
+/// Whether the process maps a Python interpreter (the `python` binary or
+/// `libpython`): the others are not handed to py-spy at all.
+fn maps_python(proc_root: &Path, pid: u32) -> bool {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("maps")).is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.rsplit('/')
+                .next()
+                .is_some_and(|f| f.starts_with("python") || f.starts_with("libpython"))
+        })
+    })
+}
+
+/// `/proc/PID/cmdline` with spaces for its NULs, bounded.
+fn command_line(proc_root: &Path, pid: u32) -> String {
+    let raw = read_bounded(&proc_root.join(pid.to_string()).join("cmdline"));
+    let text = String::from_utf8_lossy(&raw).replace('\0', " ");
+    text.trim_end().to_string()
+}
+
+/// The process's `RANK`, as torchrun, accelerate and trainlet's own files set it.
+fn rank(proc_root: &Path, pid: u32) -> Option<u32> {
+    let raw = read_bounded(&proc_root.join(pid.to_string()).join("environ"));
+    raw.split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"RANK="))
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
+fn read_bounded(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(MAX_PROC_FILE).read_to_end(&mut out);
+    }
+    out
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}
