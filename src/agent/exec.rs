@@ -148,10 +148,12 @@ impl Reporter for Engine {
                 Input::Signal(sig) => break Handback::Signal(sig),
                 input => self.on_input(input, &mut wake).await,
             }
-            if self.act_on_stale().is_some()
-                || self.act_on_stall().is_some()
-                || self.act_on_failure().is_some()
-            {
+            let stall = self.act_on_stall().is_some();
+            if stall {
+                // Where CMD is, before the supervisor stops it for a peer's stall.
+                self.stacks_before_acting();
+            }
+            if stall || self.act_on_stale().is_some() || self.act_on_failure().is_some() {
                 break Handback::Standing;
             }
         };

@@ -347,6 +347,17 @@ impl Engine {
         }
     }
 
+    /// A stall is to be acted on (restart or exit): a peer's, whose stacks this pod has
+    /// not captured yet when the peer's word came before the next check.
+    pub(super) fn stacks_before_acting(&mut self) {
+        let standing = self
+            .role
+            .exec()
+            .and_then(|e| e.watching.as_ref())
+            .and_then(Watching::standing);
+        self.capture_for_peers(standing, SystemTime::now());
+    }
+
     /// CMD makes progress again: where it was stuck is no longer where it is.
     fn forget_stacks(&mut self) {
         if let Some(e) = self.role.exec_mut() {

@@ -1,9 +1,11 @@
 //! Reading the Python stacks of CMD's processes: the one part of `stacks` that does
 //! I/O. exec is the ancestor of every process it reads, which is what lets it read
 //! them without `CAP_SYS_PTRACE` (Yama's `ptrace_scope` 1 allows an ancestor, and the
-//! runtime's default seccomp profile allows `ptrace` and `process_vm_readv`). py-spy
-//! (as a library, without its CLI) reads each interpreter's memory; it pauses a
-//! process for the moment it reads it, so that the stack is whole.
+//! runtime's default seccomp profile allows `process_vm_readv`). py-spy (as a library,
+//! without its CLI) reads each interpreter's memory without pausing it: no `ptrace`,
+//! so a process stopped or stuck in the kernel cannot hold exec up, and training is
+//! never paused by a look. A hung rank's stack does not move; a running one's may be
+//! read half-way through a change, and is read again.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -45,6 +47,9 @@ pub fn capture(proc_root: &Path, pids: &[u32]) -> (Vec<Capture>, usize) {
     (out, cut)
 }
 
+/// How many times a process's stacks are read before its error is told: a running
+/// interpreter may change them under the read.
+const READS: usize = 3;
 /// How many processes are read at once.
 const THREADS: usize = 4;
 
@@ -71,15 +76,22 @@ fn read(proc_root: &Path, pid: u32, command: &str) -> Result<Process, String> {
         return Err("not a Python process".into());
     }
     let config = py_spy::Config {
-        blocking: py_spy::config::LockingStrategy::Lock,
+        blocking: py_spy::config::LockingStrategy::NonBlocking,
         // A rank blocked in a collective or a read holds no GIL: py-spy calls it idle,
         // and it is the very thread to show.
         include_idle: true,
         ..py_spy::Config::default()
     };
-    let traces = py_spy::PythonSpy::new(pid as py_spy::Pid, &config)
-        .and_then(|mut spy| spy.get_stack_traces())
+    let mut spy = py_spy::PythonSpy::new(pid as py_spy::Pid, &config)
         .map_err(|e| first_line(&format!("{e:#}")))?;
+    let mut traces = spy.get_stack_traces();
+    for _ in 1..READS {
+        if traces.is_ok() {
+            break;
+        }
+        traces = spy.get_stack_traces();
+    }
+    let traces = traces.map_err(|e| first_line(&format!("{e:#}")))?;
     let threads = traces
         .into_iter()
         .map(|t| Thread {

@@ -86,7 +86,11 @@ async fn a_hung_pod_is_stalled_published_and_restarts_every_pods_command_once() 
         .unwrap_or_else(|| panic!("{note}"));
     let (share, tail) = rest.split_once('%').unwrap_or_else(|| panic!("{note}"));
     assert!(share.parse::<u32>().is_ok(), "{note}");
-    assert_eq!(tail, " of a core over the window", "{note}");
+    // A shell and a sleep: exec read no Python stack, and says so.
+    assert_eq!(
+        tail, " of a core over the window; where: no Python process",
+        "{note}"
+    );
     // As people look at it.
     let listed = kubectl_on(
         on.kc,

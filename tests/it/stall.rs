@@ -249,7 +249,7 @@ async fn a_stalled_rank_restarts_every_pods_command_once() {
 
 /// Where rank 2 of torch_stall.py hangs: its innermost frame, in the test's own code,
 /// named relative to the rank's working directory (the repository's).
-const HUNG: &str = "load_batch (tests/fixtures/frameworks/torch_stall.py:62)";
+const HUNG: &str = "load_batch (tests/fixtures/frameworks/torch_stall.py:79)";
 
 /// `--on-stall report`, per pod (the others' heartbeat goes on): rank 2 hangs for 20 s
 /// once; its stall is published and cleared again when it goes on, and nothing
@@ -310,7 +310,7 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
         .unwrap_or_else(|| panic!("{at}"));
     assert!(
         rest.ends_with(&format!(
-            ") ← train_step (tests/fixtures/frameworks/torch_stall.py:69); w-2 in {HUNG}"
+            ") ← train_step (tests/fixtures/frameworks/torch_stall.py:87); w-2 in {HUNG}"
         )),
         "{at}"
     );
@@ -359,6 +359,83 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
             run.stderr
         );
         assert!(run.stderr.contains("\"MainThread\" (idle):\n"), "{name}");
+    }
+}
+
+/// A hang in a collective (torch_stall.py `collective`: every rank all-reduces with a
+/// group that waits for another, a cycle): each pod's exec sees its own stall
+/// (`--stall-scope pod`, no heartbeat left) and reads its rank's stack, and `trainlet
+/// status` says that every pod is in the same place. (`--on-stall report`: a rank
+/// stopped by its exec would break the others' all-reduce, and they would no longer be
+/// where the hang left them.)
+#[tokio::test]
+async fn a_hang_in_a_collective_has_every_pod_in_the_same_place() {
+    let flags = [
+        "--stall-after",
+        "5s",
+        "--stall-scope",
+        "pod",
+        "--progress-pattern",
+        r"step (\d+)",
+    ];
+    let job = require!(start(23, "collective", &flags).await);
+    let status = || {
+        run(trainlet()
+            .args([
+                "status",
+                "--selector",
+                "role=w",
+                "-o",
+                "json",
+                "-n",
+                &job.ns,
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig()))
+    };
+    let at = eventually("every pod said where", Duration::from_secs(180), || async {
+        let r = status();
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v["where"]
+            .as_str()
+            .filter(|w| w.starts_with("all 3 pods"))
+            .map(String::from)
+    })
+    .await;
+    let rest = at
+        .strip_prefix(
+            "all 3 pods in the same place: all_reduce (torch/distributed/distributed_c10d.py:",
+        )
+        .unwrap_or_else(|| panic!("{at}"));
+    assert!(
+        rest.ends_with(") ← train_step (tests/fixtures/frameworks/torch_stall.py:87)"),
+        "{at}"
+    );
+    let events = events_by_pod(&job.ns).await;
+    for (k, name) in ["w-0", "w-1", "w-2"].iter().enumerate() {
+        let notes: Vec<&String> = events[*name]
+            .iter()
+            .filter(|(r, _)| r == "Stalled")
+            .map(|(_, n)| n)
+            .collect();
+        assert_eq!(notes.len(), 1, "{name}: {events:?}");
+        assert!(
+            notes[0].contains(&format!("; where: rank {k}: all_reduce (")),
+            "{name}: {}",
+            notes[0]
+        );
+    }
+    // The hang is for ever: end the execs and their ranks (their command lines name
+    // the marks directory).
+    let _ = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &job.marks.path().display().to_string()])
+        .status();
+    for (name, r) in job.runs {
+        tokio::time::timeout(Duration::from_secs(60), r)
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not end"))
+            .unwrap();
     }
 }
 
