@@ -73,7 +73,7 @@ fn one(proc_root: &Path, pid: u32, start: Instant) -> Capture {
 
 fn read(proc_root: &Path, pid: u32, command: &str) -> Result<Process, String> {
     if !maps_python(proc_root, pid) {
-        return Err("not a Python process".into());
+        return Err(super::summary::NOT_PYTHON.into());
     }
     let config = py_spy::Config {
         blocking: py_spy::config::LockingStrategy::NonBlocking,

@@ -126,18 +126,32 @@ pub fn summary(captures: &[Capture]) -> String {
             })
         })
         .collect();
-    if lines.is_empty() {
-        "no Python process".to_string()
-    } else {
-        lines.join("; ")
+    if !lines.is_empty() {
+        return lines.join("; ");
     }
+    // A Python process that could not be read is told, not taken for none.
+    captures
+        .iter()
+        .find_map(|c| match c {
+            Capture::Unreadable { pid, why, .. } if why != NOT_PYTHON => Some(format!(
+                "no stack read: pid {pid}: {}",
+                bound(&escape(why), MAX_NAME)
+            )),
+            _ => None,
+        })
+        .unwrap_or_else(|| NO_PYTHON.to_string())
 }
+
+/// Why a process that maps no Python interpreter is not read.
+pub const NOT_PYTHON: &str = "not a Python process";
+/// The summary where no process under CMD is Python.
+pub const NO_PYTHON: &str = "no Python process";
 
 /// The places of the ranks' main threads, each once, in rank order, at most
 /// [`MAX_PLACES`]: what the pods of a job are compared by (`odd.rs`).
 pub fn places(captures: &[Capture]) -> Vec<String> {
     let s = summary(captures);
-    if s == "no Python process" {
+    if s == NO_PYTHON || s.starts_with("no stack read: ") {
         return Vec::new();
     }
     let mut out: Vec<String> = Vec::new();

@@ -141,6 +141,20 @@ fn without_ranks_every_python_process_is_said_and_without_python_so_is_that() {
     }];
     assert_eq!(summary(&none), "no Python process");
     assert!(places(&none).is_empty());
+    // A Python process exec may not read is told with why, not taken for none.
+    let denied = vec![
+        none[0].clone(),
+        Capture::Unreadable {
+            pid: 6,
+            command: "python train.py".into(),
+            why: "Permission denied (os error 13)".into(),
+        },
+    ];
+    assert_eq!(
+        summary(&denied),
+        "no stack read: pid 6: Permission denied (os error 13)"
+    );
+    assert!(places(&denied).is_empty());
 }
 
 #[test]

@@ -526,6 +526,14 @@ async fn stalled_and_restarted(on: &On, job: &str, pods: &[Pod]) {
         &pods[0].name_any(),
         "{job}: rank 0's pod tells the stall"
     );
+    // Where its ranks are: exec read their Python stacks in the restricted pod.
+    let (_, at_stall) = note
+        .split_once("; where: ")
+        .unwrap_or_else(|| panic!("{job}: {note}"));
+    assert!(
+        at_stall != "no Python process" && !at_stall.starts_with("no stack read"),
+        "{job}: {note}"
+    );
     // The job's last output before the stall; what the launcher prints as exec stops
     // it (torchrun's "Sending process … closing signal SIGTERM") comes with the Event.
     let last = cmd_output(on, job)
