@@ -112,6 +112,36 @@ impl Job {
         metric(&body, series).unwrap_or_else(|| panic!("no {series} in\n{body}"))
     }
 
+    /// `trainlet status -o json` of the job's pods.
+    fn status(&self) -> serde_json::Value {
+        let r = run(trainlet()
+            .args([
+                "status",
+                "--selector",
+                "role=w",
+                "-o",
+                "json",
+                "-n",
+                &self.ns,
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig()));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str(&r.stdout).unwrap()
+    }
+
+    /// Waits until `trainlet status` says where the pods are, in words that start
+    /// with `prefix`, and returns them.
+    async fn status_where(&self, prefix: &str, within: Duration) -> String {
+        eventually(&format!("status: where: {prefix}…"), within, || async {
+            self.status()["where"]
+                .as_str()
+                .filter(|w| w.starts_with(prefix))
+                .map(String::from)
+        })
+        .await
+    }
+
     /// Releases the ranks and returns how each exec ended.
     async fn finish(self) -> Vec<(String, Run)> {
         std::fs::write(self.marks.path().join("release"), "").unwrap();
@@ -281,30 +311,9 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
     })
     .await;
     // The two others wait in the all-reduce, as their own stacks say.
-    let status = || {
-        run(trainlet()
-            .args([
-                "status",
-                "--selector",
-                "role=w",
-                "-o",
-                "json",
-                "-n",
-                &job.ns,
-            ])
-            .arg("--kubeconfig")
-            .arg(kubeconfig()))
-    };
-    let at = eventually("status says where", Duration::from_secs(60), || async {
-        let r = status();
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-        v["where"]
-            .as_str()
-            .filter(|w| w.starts_with("2 pods in "))
-            .map(String::from)
-    })
-    .await;
+    let at = job
+        .status_where("2 pods in ", Duration::from_secs(60))
+        .await;
     let rest = at
         .strip_prefix("2 pods in all_reduce (torch/distributed/distributed_c10d.py:")
         .unwrap_or_else(|| panic!("{at}"));
@@ -339,9 +348,7 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
     );
     // Its stall over, no pod says where it was stuck.
     eventually("status forgets where", Duration::from_secs(30), || async {
-        let r = status();
-        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-        v.get("where").is_none().then_some(())
+        job.status().get("where").is_none().then_some(())
     })
     .await;
     for (name, run) in job.finish().await {
@@ -379,30 +386,9 @@ async fn a_hang_in_a_collective_has_every_pod_in_the_same_place() {
         r"step (\d+)",
     ];
     let job = require!(start(23, "collective", &flags).await);
-    let status = || {
-        run(trainlet()
-            .args([
-                "status",
-                "--selector",
-                "role=w",
-                "-o",
-                "json",
-                "-n",
-                &job.ns,
-            ])
-            .arg("--kubeconfig")
-            .arg(kubeconfig()))
-    };
-    let at = eventually("every pod said where", Duration::from_secs(180), || async {
-        let r = status();
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-        v["where"]
-            .as_str()
-            .filter(|w| w.starts_with("all 3 pods"))
-            .map(String::from)
-    })
-    .await;
+    let at = job
+        .status_where("all 3 pods", Duration::from_secs(180))
+        .await;
     let rest = at
         .strip_prefix(
             "all 3 pods in the same place: all_reduce (torch/distributed/distributed_c10d.py:",
