@@ -25,33 +25,19 @@ const MAX_PROC_FILE: u64 = 256 * 1024;
 pub fn capture(proc_root: &Path, pids: &[u32]) -> (Vec<Capture>, usize) {
     let start = Instant::now();
     let cut = pids.len().saturating_sub(MAX_PROCESSES);
-    let pids = &pids[..pids.len() - cut];
-    // Reading a process is mostly parsing its interpreter's symbols: a few at once.
-    let per = pids.len().div_ceil(THREADS).max(1);
-    let out = std::thread::scope(|s| {
-        let parts: Vec<_> = pids
-            .chunks(per)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter()
-                        .map(|&pid| one(proc_root, pid, start))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
+    // One process after the other: reading one is mostly parsing its interpreter's
+    // symbols, and several at once would multiply exec's peak memory for little time.
+    let out = pids
+        .iter()
+        .take(MAX_PROCESSES)
+        .map(|&pid| one(proc_root, pid, start))
+        .collect();
     (out, cut)
 }
 
 /// How many times a process's stacks are read before its error is told: a running
 /// interpreter may change them under the read.
 const READS: usize = 3;
-/// How many processes are read at once.
-const THREADS: usize = 4;
 
 fn one(proc_root: &Path, pid: u32, start: Instant) -> Capture {
     let command = command_line(proc_root, pid);
