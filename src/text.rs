@@ -35,19 +35,13 @@ pub fn escape(text: &str) -> String {
             '\r' => out.push_str("\\r"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_format_control(c) || is_invisible(c) => {
+            c if c.is_control() || is_invisible(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
             }
             c => out.push(c),
         }
     }
     out
-}
-
-/// Unicode's invisible controls that reorder or hide text (bidirectional overrides and
-/// isolates, zero-width marks): `is_control` covers only C0, DEL and C1.
-fn is_format_control(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 /// `text` cut to at most `max` characters, the last of them `…` where it was cut.

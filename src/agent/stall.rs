@@ -298,13 +298,8 @@ impl Engine {
     /// and returns where the ranks are, short. Blocks the loop for the capture, at most
     /// [`crate::stacks::capture::BUDGET`].
     pub(super) fn capture_stacks(&mut self, why: &str, now: SystemTime) -> String {
-        let (captures, cut) = self.read_stacks();
+        let (captures, _) = self.read_stacks(why);
         let at = summary::summary(&captures);
-        info!(
-            "Python stacks of the processes of {}, {why}:\n{}",
-            self.container_name(),
-            summary::dump(&captures, cut)
-        );
         if let Some(e) = self.role.exec_mut() {
             e.stacks.places = summary::places(&captures);
             e.stacks.captured_for.get_or_insert(now);
@@ -312,10 +307,18 @@ impl Engine {
         at
     }
 
-    fn read_stacks(&mut self) -> (Vec<stacks::Capture>, usize) {
+    /// Reads the stacks of CMD's tree as it is now and logs the whole dump, which it
+    /// returns beside them.
+    fn read_stacks(&mut self, why: &str) -> (Vec<stacks::Capture>, String) {
         self.probes.oom.refresh_tree();
         let pids: Vec<u32> = self.probes.oom.tree.keys().copied().collect();
-        stacks::capture::capture(Path::new("/proc"), &pids)
+        let (captures, cut) = stacks::capture::capture(Path::new("/proc"), &pids);
+        let dump = summary::dump(&captures, cut);
+        info!(
+            "Python stacks of the processes of {}, {why}:\n{dump}",
+            self.container_name()
+        );
+        (captures, dump)
     }
 
     /// A peer stalls while this pod does not: this pod's stacks are half of the
@@ -406,17 +409,8 @@ impl Engine {
             if let Some(e) = self.role.exec_mut() {
                 e.stacks.last_asked = Some(now);
             }
-            let (captures, cut) = self.read_stacks();
-            info!(
-                "Python stacks of the processes of {}, as asked:\n{}",
-                self.container_name(),
-                summary::dump(&captures, cut)
-            );
-            format!(
-                "{}\n{}",
-                summary::summary(&captures),
-                summary::dump(&captures, cut)
-            )
+            let (captures, dump) = self.read_stacks("as asked");
+            format!("{}\n{dump}", summary::summary(&captures))
         };
         use std::io::Write;
         let _ = stream

@@ -98,10 +98,9 @@ pub fn main_thread(p: &Process) -> Option<&Thread> {
         .or_else(|| p.threads.iter().find(|t| !t.frames.is_empty()))
 }
 
-/// Where each rank is, one line each (`rank 3: load_batch (data.py:41)`), the ranks in
-/// order and the processes without a rank (a launcher, a data loader's worker) left
-/// out where any has one; `no Python process` where none was read.
-pub fn summary(captures: &[Capture]) -> String {
+/// Where each rank is: `(rank N | pid P, place)`, the ranks in order, the processes
+/// without a rank (a launcher, a data loader's worker) left out where any has one.
+fn ranked(captures: &[Capture]) -> Vec<(String, String)> {
     let read: Vec<&Process> = captures
         .iter()
         .filter_map(|c| match c {
@@ -109,22 +108,31 @@ pub fn summary(captures: &[Capture]) -> String {
             Capture::Unreadable { .. } => None,
         })
         .collect();
-    let ranked: Vec<&&Process> = read.iter().filter(|p| p.rank.is_some()).collect();
-    let mut shown: Vec<&Process> = if ranked.is_empty() {
-        read.clone()
-    } else {
-        ranked.into_iter().copied().collect()
-    };
+    let any_rank = read.iter().any(|p| p.rank.is_some());
+    let mut shown: Vec<&Process> = read
+        .into_iter()
+        .filter(|p| !any_rank || p.rank.is_some())
+        .collect();
     shown.sort_by_key(|p| (p.rank, p.pid));
-    let lines: Vec<String> = shown
+    shown
         .iter()
         .filter_map(|p| {
             let at = place(main_thread(p)?, p.cwd.as_deref())?;
-            Some(match p.rank {
-                Some(r) => format!("rank {r}: {at}"),
-                None => format!("pid {}: {at}", p.pid),
-            })
+            let who = match p.rank {
+                Some(r) => format!("rank {r}"),
+                None => format!("pid {}", p.pid),
+            };
+            Some((who, at))
         })
+        .collect()
+}
+
+/// Where each rank is, one line each (`rank 3: load_batch (data.py:41)`);
+/// `no Python process` where none was read, or why a Python process could not be.
+pub fn summary(captures: &[Capture]) -> String {
+    let lines: Vec<String> = ranked(captures)
+        .into_iter()
+        .map(|(who, at)| format!("{who}: {at}"))
         .collect();
     if !lines.is_empty() {
         return lines.join("; ");
@@ -150,13 +158,8 @@ pub const NO_PYTHON: &str = "no Python process";
 /// The places of the ranks' main threads, each once, in rank order, at most
 /// [`MAX_PLACES`]: what the pods of a job are compared by (`odd.rs`).
 pub fn places(captures: &[Capture]) -> Vec<String> {
-    let s = summary(captures);
-    if s == NO_PYTHON || s.starts_with("no stack read: ") {
-        return Vec::new();
-    }
     let mut out: Vec<String> = Vec::new();
-    for part in s.split("; ") {
-        let at = part.split_once(": ").map_or(part, |(_, at)| at).to_string();
+    for (_, at) in ranked(captures) {
         if !out.contains(&at) && out.len() < MAX_PLACES {
             out.push(at);
         }

@@ -166,6 +166,18 @@ async fn events_by_pod(ns: &str) -> BTreeMap<String, Vec<(String, String)>> {
     by
 }
 
+/// The notes of the Events with `reason`, of `(reason, note)` pairs.
+fn notes<'a>(
+    events: impl IntoIterator<Item = &'a (String, String)>,
+    reason: &str,
+) -> Vec<&'a String> {
+    events
+        .into_iter()
+        .filter(|(r, _)| r == reason)
+        .map(|(_, n)| n)
+        .collect()
+}
+
 fn progress(a: &BTreeMap<String, String>) -> serde_json::Value {
     serde_json::from_str(&a["trainlet.io/progress"]).unwrap()
 }
@@ -334,12 +346,7 @@ async fn with_report_a_stall_is_published_and_cleared_and_nothing_restarts() {
         assert_eq!(job.metric(k, "trainlet_restarts_total"), 0.0);
     }
     let events = events_by_pod(&job.ns).await;
-    let stalled: Vec<&String> = events
-        .values()
-        .flatten()
-        .filter(|(r, _)| r == "Stalled")
-        .map(|(_, n)| n)
-        .collect();
+    let stalled = notes(events.values().flatten(), "Stalled");
     assert_eq!(stalled.len(), 1, "{events:?}");
     assert!(
         stalled[0].ends_with(&format!("; where: rank 2: {HUNG}")),
@@ -400,16 +407,12 @@ async fn a_hang_in_a_collective_has_every_pod_in_the_same_place() {
     );
     let events = events_by_pod(&job.ns).await;
     for (k, name) in ["w-0", "w-1", "w-2"].iter().enumerate() {
-        let notes: Vec<&String> = events[*name]
-            .iter()
-            .filter(|(r, _)| r == "Stalled")
-            .map(|(_, n)| n)
-            .collect();
-        assert_eq!(notes.len(), 1, "{name}: {events:?}");
+        let stalled = notes(&events[*name], "Stalled");
+        assert_eq!(stalled.len(), 1, "{name}: {events:?}");
         assert!(
-            notes[0].contains(&format!("; where: rank {k}: all_reduce (")),
+            stalled[0].contains(&format!("; where: rank {k}: all_reduce (")),
             "{name}: {}",
-            notes[0]
+            stalled[0]
         );
     }
     // The hang is for ever: end the execs and their ranks (their command lines name
@@ -461,11 +464,7 @@ async fn a_busy_silent_command_is_stalled_and_its_cpu_use_is_reported() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.stdout, "start\nbusy-done\n");
     let events = events_by_pod(&ns).await;
-    let stalled: Vec<&String> = events["b-0"]
-        .iter()
-        .filter(|(r, _)| r == "Stalled")
-        .map(|(_, n)| n)
-        .collect();
+    let stalled = notes(&events["b-0"], "Stalled");
     assert_eq!(stalled.len(), 1, "{events:?}");
     let note = stalled[0];
     let cpu: f64 = note
