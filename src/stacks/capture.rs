@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::ranks::Seen;
 use super::summary::MAX_PROCESSES;
 use super::{Capture, Frame, Process, Thread};
 
@@ -27,11 +28,24 @@ pub fn capture(proc_root: &Path, pids: &[u32]) -> (Vec<Capture>, usize) {
     let cut = pids.len().saturating_sub(MAX_PROCESSES);
     // One process after the other: reading one is mostly parsing its interpreter's
     // symbols, and several at once would multiply exec's peak memory for little time.
-    let out = pids
+    let mut out: Vec<Capture> = pids
         .iter()
         .take(MAX_PROCESSES)
         .map(|&pid| one(proc_root, pid, start))
         .collect();
+    let seen: Vec<Seen> = out
+        .iter()
+        .filter_map(|c| match c {
+            Capture::Read(p) => Some(seen(proc_root, p.pid)),
+            Capture::Unreadable { .. } => None,
+        })
+        .collect();
+    let ranks = super::ranks::ranks(&seen);
+    for c in &mut out {
+        if let Capture::Read(p) = c {
+            p.rank = ranks.get(&p.pid).copied();
+        }
+    }
     (out, cut)
 }
 
@@ -100,7 +114,8 @@ fn read(proc_root: &Path, pid: u32, command: &str) -> Result<Process, String> {
     Ok(Process {
         pid,
         command: command.to_string(),
-        rank: rank(proc_root, pid),
+        // Which processes are ranks is told from them all ([`capture`]).
+        rank: None,
         cwd: std::fs::read_link(proc_root.join(pid.to_string()).join("cwd"))
             .ok()
             .map(|p| p.to_string_lossy().into_owned()),
@@ -127,12 +142,27 @@ fn command_line(proc_root: &Path, pid: u32) -> String {
     text.trim_end().to_string()
 }
 
-/// The process's `RANK`, as torchrun, accelerate and trainlet's own files set it.
-fn rank(proc_root: &Path, pid: u32) -> Option<u32> {
-    let raw = read_bounded(&proc_root.join(pid.to_string()).join("environ"));
-    raw.split(|b| *b == 0)
-        .find_map(|kv| kv.strip_prefix(b"RANK="))
-        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+/// What tells a rank from a launcher or a helper: the process's parent (from
+/// `/proc/PID/stat`), its `RANK` (as torchrun, accelerate and trainlet's own files set
+/// it) and whether it has a `LOCAL_RANK`.
+fn seen(proc_root: &Path, pid: u32) -> Seen {
+    let dir = proc_root.join(pid.to_string());
+    let environ = read_bounded(&dir.join("environ"));
+    let var = |name: &[u8]| {
+        environ
+            .split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix(b"="))
+    };
+    let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+    Seen {
+        pid,
+        // `PID (COMM) STATE PPID …`: COMM may hold spaces and parentheses.
+        parent: stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()),
+        rank: var(b"RANK").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()),
+        local_rank: var(b"LOCAL_RANK").is_some(),
+    }
 }
 
 fn read_bounded(path: &Path) -> Vec<u8> {

@@ -5,6 +5,7 @@
 
 pub mod capture;
 pub mod odd;
+pub mod ranks;
 pub mod summary;
 
 /// The abstract Unix socket (the pod's network namespace: no file, no volume) on which
@@ -67,7 +68,8 @@ pub struct Process {
     pub pid: u32,
     /// Its command line, as `/proc/PID/cmdline` says it.
     pub command: String,
-    /// Its rank in the job (`RANK` in its environment), where it has one.
+    /// Its rank in the job (`RANK` in its environment), where it is one: not a launcher
+    /// nor a helper of a rank ([`ranks`]).
     pub rank: Option<u32>,
     /// Its working directory: a user's file under it is named relative to it.
     pub cwd: Option<String>,
