@@ -148,11 +148,12 @@ impl Reporter for Engine {
                 Input::Signal(sig) => break Handback::Signal(sig),
                 input => self.on_input(input, &mut wake).await,
             }
-            let stall = self.act_on_stall().is_some();
-            if stall {
-                // Where CMD is, before the supervisor stops it for a peer's stall.
+            if self.act_on_stall().is_some() {
+                // Where CMD is, before the supervisor stops it for a peer's stall; the
+                // stall then waits for the other pods to look too (`look_until`).
                 self.stacks_before_acting();
             }
+            let stall = self.act_on_stall().is_some();
             if stall || self.act_on_stale().is_some() || self.act_on_failure().is_some() {
                 break Handback::Standing;
             }

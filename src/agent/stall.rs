@@ -197,7 +197,11 @@ impl Engine {
     /// begin ([`crate::stall::watching::StallWatch::due`]), while no check judged it
     /// (a moment passed without a stall, a rank only silent, waits for the probes).
     pub(super) fn stall_check_at(&self) -> Option<std::time::Instant> {
-        let due = self.role.exec()?.watching.as_ref()?.due()?;
+        let look = self.look_until().filter(|t| *t > SystemTime::now());
+        let due = match (self.role.exec()?.watching.as_ref()?.due(), look) {
+            (Some(d), Some(l)) => d.min(l),
+            (d, l) => d.or(l)?,
+        };
         // Past already (exec got to it late): at once.
         let left = due.duration_since(SystemTime::now()).unwrap_or_default();
         // A millisecond past it, so that the check's own clock reads it as passed.
@@ -211,6 +215,9 @@ impl Engine {
         if e.cfg.restart.on_stall == OnStall::Report {
             return None;
         }
+        if self.look_until().is_some_and(|t| SystemTime::now() < t) {
+            return None;
+        }
         let w = e.watching.as_ref()?;
         let peers = self.peer_stalls();
         let own = self
@@ -219,6 +226,16 @@ impl Engine {
             .as_ref()
             .and_then(|p| p.metadata.name.as_deref());
         w.to_act_on(|| self.container_name(), &peers, own)
+    }
+
+    /// Until when a stall waits before exec stops CMD for it: [`PEERS_LOOK`] after this
+    /// pod read its stacks for it, where it has peers. They learn of the stall from the
+    /// teller's annotation within a watch event (a tenth of a second on a node) and
+    /// read their own stacks then; a pod that stopped its ranks at once would break the
+    /// others' collectives, whose stacks would then show the error instead of the hang.
+    fn look_until(&self) -> Option<SystemTime> {
+        let looked = self.role.exec()?.stacks.looked?;
+        self.cluster_view().map(|_| looked + PEERS_LOOK)
     }
 
     /// The latest progress another pod of the job published, where exec sees its
@@ -245,6 +262,7 @@ impl Engine {
         if let Some(e) = self.role.exec_mut() {
             e.restarts += 1;
             e.stacks.places.clear();
+            e.stacks.looked = None;
             if let Some(w) = e.watching.as_mut() {
                 w.restarted(SystemTime::now(), known);
             }
@@ -264,12 +282,18 @@ pub(super) struct Stacks {
     pub places: Vec<String>,
     /// The peer's stall (its start) the last capture was for: each is captured once.
     pub captured_for: Option<SystemTime>,
+    /// When the last capture for a stall (this pod's or a peer's) was made: exec acts
+    /// on the stall [`PEERS_LOOK`] later.
+    pub looked: Option<SystemTime>,
     /// The socket `trainlet stacks` asks through.
     pub asked: Option<tokio::net::UnixListener>,
     /// When a person last asked: one capture a second at most.
     pub last_asked: Option<std::time::Instant>,
 }
 
+/// How long every pod of a job leaves its ranks where a stall left them after reading
+/// its stacks for it, before it stops them: the other pods read theirs meanwhile.
+const PEERS_LOOK: Duration = Duration::from_secs(1);
 /// The least time between two captures a person asks for.
 const ASK_EVERY: Duration = Duration::from_secs(1);
 /// How long exec waits for `trainlet stacks` to take the dump.
@@ -303,6 +327,7 @@ impl Engine {
         if let Some(e) = self.role.exec_mut() {
             e.stacks.places = summary::places(&captures);
             e.stacks.captured_for.get_or_insert(now);
+            e.stacks.looked = Some(SystemTime::now());
         }
         at
     }
