@@ -84,14 +84,14 @@ test: test-newest test-k8s-previous
 # tests (no node), PLAYED_THREADS at a time, since they mostly wait on the API server
 # and on timers; then the real node's tests in two lanes side by side, one test at a
 # time in each, since their pods' frameworks start on the same cores: the launcher
-# corpus (node_launchers, eight jobs of three to five minutes each) with the examples
-# and the admission policy's node test, and the other node tests, the cgroup v2
-# machine's first (slow: it is emulated). Two lanes keep two corpus jobs from starting
-# at once and leave no core idle at the end. The corpus lane's output follows the
+# corpus (node_launchers, eight jobs of three to five minutes each, and node_where's
+# hanging DDP job) with the examples, and the other node tests (the admission policy's
+# among them), the cgroup v2 machine's first (slow: it is emulated). Two lanes keep two
+# corpus jobs from starting at once and leave no core idle at the end. The corpus lane's output follows the
 # other's, whole, and where each failed test panicked ends the output.
 PLAYED_THREADS ?= 4
-NODE_CORPUS := node_launchers:: node_examples:: admission::node_
-NODE_OTHERS := node_ --skip node_launchers:: --skip node_examples:: --skip admission::node_ --skip node_two:: --skip node_cgroup2::
+NODE_CORPUS := node_launchers:: node_where:: node_examples::
+NODE_OTHERS := node_ --skip node_launchers:: --skip node_where:: --skip node_examples:: --skip node_two:: --skip node_cgroup2::
 
 test-newest: deps control-plane image
 	@( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \

@@ -60,6 +60,7 @@ mod node_pods;
 mod node_quickstart;
 mod node_stall;
 mod node_two;
+mod node_where;
 mod on_failure;
 mod packaging;
 mod peer_watch;

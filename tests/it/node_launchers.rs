@@ -166,7 +166,7 @@ async fn corpus_namespace(prefix: &str) -> Result<On, Missing> {
 }
 
 /// The training container: the venv's launcher on a script of the ConfigMap.
-fn training_container(py: &std::path::Path, command: &[&str], steps: u32) -> Value {
+pub(crate) fn training_container(py: &std::path::Path, command: &[&str], steps: u32) -> Value {
     let (_, mut mounts) = venv_hostpath(py);
     mounts
         .as_array_mut()
@@ -290,7 +290,7 @@ async fn with_ssh(on: &On, plain: &mut Value) {
 }
 
 /// The job's live pods (not being deleted), by index.
-async fn live_pods(on: &On, job: &str) -> Vec<Pod> {
+pub(crate) async fn live_pods(on: &On, job: &str) -> Vec<Pod> {
     let mut pods: Vec<Pod> = job_pods(&on.client, &on.ns, job)
         .await
         .into_iter()
@@ -341,7 +341,7 @@ async fn job_failed(on: &On, job: &str) -> bool {
 }
 
 /// The Events of a reason with their times (eventTime), as (time, note, pod).
-async fn timed_events(on: &On, reason: &str) -> Vec<(String, String, String)> {
+pub(crate) async fn timed_events(on: &On, reason: &str) -> Vec<(String, String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(on.client.clone(), &on.ns);
     let mut v: Vec<_> = api
         .list(&Default::default())
