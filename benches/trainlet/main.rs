@@ -42,6 +42,9 @@
 //!     like it (benches/floor/floor.rs), at N = 8, 32 and 64, five rounds each: p99 and
 //!     peak RSS against the project's goal of 2× and 8 MiB (floor.rs;
 //!     `target/bench/results-floor.json`).
+//! 12. where CMD is stuck: `trainlet stacks` of 16 Python processes under exec, against
+//!     `py-spy dump` of each, and exec's memory before and after (stacks.rs;
+//!     `target/bench/results-stacks.json`).
 //!
 //! Output: a markdown table on stdout, `target/bench/results.json` and
 //! `target/bench/resolve.svg`. A run is kept by copying its JSON into docs/bench/;
@@ -71,6 +74,7 @@ mod resolve;
 mod robustness;
 mod scenarios;
 mod sidecar;
+mod stacks;
 mod stall;
 
 fn main() {

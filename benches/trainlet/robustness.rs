@@ -2,8 +2,9 @@
 //! assert (a test checks the behaviour; how fast or how small is measured here).
 //!
 //! - **SIGTERM to exit.** The kubelet stops a container with SIGTERM and kills it
-//!   after the grace period (30 s by default). `trainlet sidecar` and `trainlet exec
-//!   --report -- sleep 3600` (which passes the SIGTERM on to CMD) on a running pod, each
+//!   after the grace period (30 s by default). `trainlet sidecar` (on a pod whose
+//!   training container has ended, as the kubelet stops a native sidecar) and `trainlet
+//!   exec --report -- sleep 3600` (which passes the SIGTERM on to CMD) on a running pod, each
 //!   [`ROUNDS`] times, alternating: from the signal to the process's exit, with its exit
 //!   code (0 for the sidecar, 143 for exec: CMD's).
 //! - **API server outage.** Four `trainlet init` agents wait for their pods on a
@@ -76,6 +77,22 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
     let kubelet = Kubelet::new(client, &ns);
     pod("train-0").create(client, &ns).await;
     kubelet.run("train-0", "10.1.0.5").await;
+    // The kubelet stops a native sidecar once the training container has ended: the
+    // sidecar's pod says so (a sidecar stopped while the pod shows it running waits up
+    // to 5 s for the pod to say how it ended, its last look).
+    pod("ended-0").create(client, &ns).await;
+    kubelet.run("ended-0", "10.1.0.6").await;
+    let now = support::now();
+    kubelet
+        .status(
+            "ended-0",
+            serde_json::json!({"containerStatuses": [{
+                "name": "trainer", "image": "registry.example/train:1", "imageID": "",
+                "ready": false, "restartCount": 0, "started": false,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+            }]}),
+        )
+        .await;
 
     // SIGTERM to exit.
     let mut sigterm = vec![
@@ -95,7 +112,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         for which in order {
             let out = tempfile::tempdir().unwrap();
             let cmd = if which == 0 {
-                support::sidecar_cmd(&kc, &ns, "train-0", &[])
+                support::sidecar_cmd(&kc, &ns, "ended-0", &[])
             } else {
                 support::write_tf_config(out.path(), support::free_port());
                 support::exec_cmd(&kc, &ns, "train-0", out.path(), &["--", "sleep", "3600"])

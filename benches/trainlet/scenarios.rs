@@ -17,6 +17,7 @@ use crate::report;
 use crate::resolve::{self, Outcome, Tool};
 use crate::robustness;
 use crate::sidecar;
+use crate::stacks;
 use crate::stall;
 use crate::support;
 
@@ -146,6 +147,7 @@ struct Runs {
     robustness: Value,
     preflight: Value,
     floor: Value,
+    stacks: Value,
     footprint: Value,
     node: Value,
     recovery: Value,
@@ -178,7 +180,7 @@ async fn agent_runs(b: &Bench<'_>, r: &mut Runs) {
     }
 }
 
-/// The stall watch, robustness, the pre-flight, the floor and the footprint.
+/// The stall watch, robustness, the pre-flight, the floor, the stacks and the footprint.
 async fn more_runs(b: &Bench<'_>, r: &mut Runs) {
     let (client, kc) = (&b.client, b.kc);
     if b.want("stall") {
@@ -196,6 +198,13 @@ async fn more_runs(b: &Bench<'_>, r: &mut Runs) {
     if b.want("floor") {
         eprintln!("bench: trainlet init against the floor, a bare kube-rs watch");
         r.floor = floor::run(client, kc, b.bin).await;
+    }
+    if b.want("stacks") {
+        eprintln!(
+            "bench: trainlet stacks against py-spy dump, {} Python processes",
+            stacks::PROCESSES
+        );
+        r.stacks = stacks::run(client, kc, b.bin).await;
     }
     if b.want("footprint") {
         r.footprint = json!(footprint::measure(b.bin));
@@ -219,7 +228,7 @@ async fn node_runs(b: &Bench<'_>, r: &mut Runs) {
 }
 
 pub async fn run_all() {
-    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node,recovery,preflight,floor picks scenarios
+    // TRAINLET_BENCH_ONLY=resolve,kubectl,delayed,footprint,sidecar,oom,peers,stall,robustness,node,recovery,preflight,floor,stacks picks scenarios
     // (and whether the kubectl baselines run) for quick iterations; all by default.
     // Only the ServiceAccount controller (a namespace's default ServiceAccount): the
     // garbage collector's periodic discovery would show in the API server's counters.
@@ -265,6 +274,7 @@ pub async fn run_all() {
         own(&r.recovery, report::recovery_markdown),
         own(&r.preflight, report::preflight_markdown),
         own(&r.floor, report::floor_report::markdown),
+        own(&r.stacks, report::stacks_report::markdown),
     ];
     for table in tables.into_iter().flatten() {
         println!("{table}");

@@ -21,7 +21,8 @@
 //!   --stall-scope pod --on-stall restart --interval 1s --restart-backoff 1s` with
 //!   credentials, CMD printing a line every 200 ms. Pod 2's CMD goes silent. From its last line to each
 //!   pod's CMD starting again, less the backoff, against `--stall-after`: the target
-//!   is within one `--interval` after it (the stall is seen at the first check past
+//!   is within one `--interval` after it and the second each pod waits for the others
+//!   to read their stacks (the stall is seen at the first check past
 //!   `--stall-after`, and the peers learn of it from the pod's annotation within a
 //!   watch event).
 
@@ -47,6 +48,9 @@ pub const TARGET_RATIO: f64 = 0.9;
 const STALL_AFTER_S: f64 = 5.0;
 const INTERVAL_S: f64 = 1.0;
 const BACKOFF_S: f64 = 1.0;
+/// exec's wait for the other pods to read their stacks (docs/stall-watch.md, "Where
+/// it hangs").
+const LOOK_S: f64 = 1.0;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
@@ -77,6 +81,9 @@ pub struct Outcome {
     /// The slowest of them, less the backoff and `--stall-after`: the target is ≤ one
     /// `--interval`.
     pub beyond_stall_after_s: f64,
+    /// How long each pod leaves its ranks where the hang left them after reading its
+    /// stacks, before it stops them: the target is one `--interval` beyond it.
+    pub look_s: f64,
     pub error: Option<String>,
 }
 
@@ -323,6 +330,7 @@ pub async fn run(client: &Client, kubeconfig: &Path) -> Outcome {
         interval_s: INTERVAL_S,
         backoff_s: BACKOFF_S,
         beyond_stall_after_s: slowest - BACKOFF_S - STALL_AFTER_S,
+        look_s: LOOK_S,
         restart_after_hang_s,
         error,
     }
