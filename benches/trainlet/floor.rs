@@ -18,7 +18,6 @@ use serde_json::{Value, json};
 
 use crate::report::{self, median};
 use crate::resolve::{self, Outcome, Tool, percentile};
-use crate::support;
 
 pub const ROUNDS: usize = 5;
 pub const P99_TARGET: f64 = 2.0;
@@ -176,13 +175,6 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path) -> Value {
         "floor_sizes": sizes.iter().map(|&n| summary(n, &runs)).collect::<Vec<_>>(),
         "runs": runs,
     });
-    let dir = support::repo().join("target/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("results-floor.json"),
-        serde_json::to_string_pretty(&result).unwrap(),
-    )
-    .unwrap();
-    eprintln!("bench: wrote {}/results-floor.json", dir.display());
+    crate::report::write_own("results-floor.json", &result);
     result
 }

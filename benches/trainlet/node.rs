@@ -487,13 +487,6 @@ pub async fn run() -> Option<Value> {
         "peak_memory": peaks,
         "runs": rounds,
     });
-    let dir = support::repo().join("target/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("results-node.json"),
-        serde_json::to_string_pretty(&result).unwrap(),
-    )
-    .unwrap();
-    eprintln!("bench: wrote {}/results-node.json", dir.display());
+    crate::report::write_own("results-node.json", &result);
     Some(result)
 }

@@ -203,14 +203,7 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path, sizes: &[usize]) -> Val
         "runs": runs,
         "node": node,
     });
-    let dir = support::repo().join("target/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("results-preflight.json"),
-        serde_json::to_string_pretty(&result).unwrap(),
-    )
-    .unwrap();
-    eprintln!("bench: wrote {}/results-preflight.json", dir.display());
+    crate::report::write_own("results-preflight.json", &result);
     result
 }
 

@@ -395,14 +395,7 @@ pub async fn run() -> Option<Value> {
         "median_new_pods_running_ms": new_running,
         "runs": runs,
     });
-    let dir = support::repo().join("target/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("results-recovery.json"),
-        serde_json::to_string_pretty(&result).unwrap(),
-    )
-    .unwrap();
-    eprintln!("bench: wrote {}/results-recovery.json", dir.display());
+    crate::report::write_own("results-recovery.json", &result);
     Some(result)
 }
 

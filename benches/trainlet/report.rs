@@ -826,6 +826,19 @@ pub fn svg(results: &Value) -> String {
     out
 }
 
+/// A scenario that keeps a file of its own writes its results to
+/// target/bench/`name` (`results-floor.json`), for `cp` into docs/bench/.
+pub fn write_own(name: &str, results: &Value) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(name),
+        serde_json::to_string_pretty(results).unwrap(),
+    )
+    .unwrap();
+    eprintln!("bench: wrote {}/{name}", dir.display());
+}
+
 pub fn write(results: &Value) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&dir).unwrap();

@@ -137,14 +137,7 @@ pub async fn run(client: &Client, kc: &Path, bin: &Path) -> Value {
         "py_spy": PY_SPY,
         "error": error,
     });
-    let out = support::repo().join("target/bench");
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("results-stacks.json"),
-        serde_json::to_string_pretty(&result).unwrap(),
-    )
-    .unwrap();
-    eprintln!("bench: wrote {}/results-stacks.json", out.display());
+    crate::report::write_own("results-stacks.json", &result);
     result
 }
 
