@@ -388,8 +388,12 @@ async fn oom_job(kc: &'static std::path::Path, prefix: &str) -> (On, Pod, Vec<St
     let ns = restricted_namespace(kc, &client, prefix).await;
     let on = On { kc, client, ns };
     // The hog starts once the sidecar's first report is out (its /readyz): a kill
-    // in the middle of a training, not in the sidecar's first second.
-    let script = "exec 2>&1; echo \"oom.group $(cat /sys/fs/cgroup/memory.oom.group)\"; i=0; until wget -q -O /dev/null http://127.0.0.1:9464/readyz 2>/dev/null; do i=$((i+1)); [ $i -lt 600 ] || exit 9; sleep 0.2; done; memhog 10 & echo \"memhog pid $!\"; wait $!; echo \"memhog status $?\"; sleep 3";
+    // in the middle of a training, not in the sidecar's first second. It grows 1 MiB
+    // every 30 ms, about 3 s to the limit: on this emulated machine, under the other
+    // lane's load, exec's 250 ms ticks can be a second late, and a hog that lived
+    // through none of them could not be named (the readiness loop's last `wget`,
+    // gone just before, is no candidate: exec's snapshots tell which went first).
+    let script = "exec 2>&1; echo \"oom.group $(cat /sys/fs/cgroup/memory.oom.group)\"; i=0; until wget -q -O /dev/null http://127.0.0.1:9464/readyz 2>/dev/null; do i=$((i+1)); [ $i -lt 600 ] || exit 9; sleep 0.2; done; memhog 30 & echo \"memhog pid $!\"; wait $!; echo \"memhog status $?\"; sleep 3";
     let mut plain = plain_job("oom", 1, main_container(&["sh", "-c", script], "96Mi"));
     on_cgroup2(&mut plain);
     on.inject_and_apply(&plain, &[], |_| {});

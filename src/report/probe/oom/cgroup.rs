@@ -7,7 +7,7 @@
 //! killed inside a container that keeps running shows up: kube-state-metrics and
 //! `kubectl describe` see only containers. Parsers are pure; the reads are at the end.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -267,6 +267,15 @@ pub fn parse_limit(text: &str) -> Option<u64> {
     (v < (1 << 62)).then_some(v)
 }
 
+/// The PIDs of a `cgroup.procs` file, one a line; 0 stands for a process outside this
+/// PID namespace and is left out.
+pub fn parse_pids(text: &str) -> BTreeSet<u32> {
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|pid| *pid != 0)
+        .collect()
+}
+
 /// A watched memory cgroup.
 #[derive(Debug, Clone)]
 pub struct Cgroup {
@@ -310,6 +319,13 @@ impl Cgroup {
         }
     }
 
+    /// The processes in the cgroup (`cgroup.procs`, in both versions), as this process's
+    /// PID namespace numbers them.
+    pub fn pids(&self) -> Option<BTreeSet<u32>> {
+        let text = std::fs::read_to_string(self.path.join("cgroup.procs")).ok()?;
+        Some(parse_pids(&text))
+    }
+
     /// Current and peak usage in bytes.
     pub fn usage(&self) -> (Option<u64>, Option<u64>) {
         match self.version {
@@ -344,6 +360,12 @@ pub fn own_cgroup() -> Result<Cgroup, OomError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_procs_lists_pids_and_zero_for_outsiders() {
+        assert_eq!(parse_pids("1\n20\n0\n7\n\n"), BTreeSet::from([1, 7, 20]));
+        assert!(parse_pids("").is_empty());
+    }
 
     const HYBRID_CGROUP: &str =
         "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/45c2\n1:cpu:/\n0::/\n";

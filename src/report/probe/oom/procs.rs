@@ -98,24 +98,28 @@ pub fn victims(before: &BTreeMap<u32, ProcStat>, gone: &BTreeSet<u32>, n: usize)
     v
 }
 
-/// A process of CMD's tree as last seen, and when it vanished from a snapshot.
+/// A process of CMD's tree as last seen, and whether a snapshot has missed it since.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenProc {
     pub stat: ProcStat,
     pub seen: Instant,
-    pub vanished: Option<Instant>,
+    /// The cgroup's OOM kill count read right after the first snapshot that missed the
+    /// process. A count no higher than before a kill means it was gone before that
+    /// kill: it ended by itself, whatever its RSS (a `wget` of a readiness loop).
+    pub vanished: Option<u64>,
 }
 
-/// Picks the victims of `n` OOM kills among recently seen processes. First choice:
-/// processes that were alive in the latest snapshot and are gone (or zombies) now;
-/// second: those that vanished from a snapshot since the counter was last read (a
-/// snapshot taken on the OOM notification may already miss the victim), only with
-/// `second_choice`, as the caller gives the first choice a moment to die. A process
-/// that exited before that is not a victim. Largest RSS first within each group.
+/// Picks the victims of `n` OOM kills, those that took the cgroup's kill count above
+/// `kills_before`, among recently seen processes. First choice: processes that were
+/// alive in the latest snapshot and are gone (or zombies) now; second: those that a
+/// snapshot missed first once the count had risen (a snapshot taken on the OOM
+/// notification may already miss the victim), only with `second_choice`, as the
+/// caller gives the first choice a moment to die. A process missed by a snapshot taken
+/// before the kill is not a victim. Largest RSS first within each group.
 pub fn pick_victims(
     recent: &BTreeMap<u32, SeenProc>,
     gone_now: &BTreeSet<u32>,
-    since: Instant,
+    kills_before: u64,
     n: usize,
     second_choice: bool,
 ) -> Vec<ProcStat> {
@@ -128,7 +132,7 @@ pub fn pick_victims(
     if out.len() < n && second_choice {
         let vanished: BTreeMap<u32, ProcStat> = recent
             .iter()
-            .filter(|(_, p)| p.vanished.is_some_and(|v| v >= since))
+            .filter(|(_, p)| p.vanished.is_some_and(|k| k > kills_before))
             .map(|(pid, p)| (*pid, p.stat.clone()))
             .collect();
         let all: BTreeSet<u32> = vanished.keys().copied().collect();
@@ -207,7 +211,6 @@ pub fn is_gone(proc_root: &Path, pid: u32, page_size: u64) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_zombies_status_says_whether_it_ended_by_itself() {
@@ -304,31 +307,33 @@ pub(crate) mod tests {
     #[test]
     fn a_process_that_exited_before_the_oom_is_not_its_victim() {
         let t0 = std::time::Instant::now();
-        let s = |x: u64| t0 + Duration::from_millis(x);
-        let seen = |p: ProcStat, vanished: Option<std::time::Instant>| SeenProc {
+        let seen = |p: ProcStat, vanished: Option<u64>| SeenProc {
             stat: p,
             seen: t0,
             vanished,
         };
         let mut recent = BTreeMap::from([
-            // `sleep 1` exited normally and vanished from the snapshot at 1000 ms.
-            (20, seen(ps(20, 10, "sleep", 900 << 10), Some(s(1000)))),
+            // `sleep 1` exited normally, and a snapshot missed it before the kill
+            // (the count was still 3 then).
+            (20, seen(ps(20, 10, "sleep", 900 << 10), Some(3))),
             // The hog was alive in the latest snapshot, with less RSS than it has now.
             (21, seen(ps(21, 10, "memhog", 800 << 10), None)),
             (10, seen(ps(10, 1, "sh", 700 << 10), None)),
         ]);
-        // The counter was last read at 1000 ms; both are gone now.
+        // The count rose from 3 to 4; both are gone now.
         let gone = BTreeSet::from([20, 21]);
-        let v = pick_victims(&recent, &gone, s(1000), 1, true);
+        let v = pick_victims(&recent, &gone, 3, 1, true);
         assert_eq!(v[0].comm, "memhog");
         // The hog is still dying: no first choice yet, and the sleep is no answer.
         let only_sleep = BTreeSet::from([20]);
-        assert!(pick_victims(&recent, &only_sleep, s(1000), 1, false).is_empty());
-        // The notification's snapshot already missed the hog (reaped at once): it
-        // vanished after the last read, the sleep before it.
-        recent.get_mut(&21).unwrap().vanished = Some(s(1500));
-        let v = pick_victims(&recent, &BTreeSet::new(), s(1200), 1, true);
+        assert!(pick_victims(&recent, &only_sleep, 3, 1, false).is_empty());
+        assert!(pick_victims(&recent, &only_sleep, 3, 1, true).is_empty());
+        // The notification's snapshot already missed the hog (reaped at once): it was
+        // missed once the count was 4, the sleep before.
+        recent.get_mut(&21).unwrap().vanished = Some(4);
+        let v = pick_victims(&recent, &BTreeSet::new(), 3, 1, true);
         assert_eq!(v[0].comm, "memhog");
-        assert!(pick_victims(&recent, &BTreeSet::new(), s(2000), 1, true).is_empty());
+        // A later kill (4 to 5) is neither's.
+        assert!(pick_victims(&recent, &BTreeSet::new(), 4, 1, true).is_empty());
     }
 }

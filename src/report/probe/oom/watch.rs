@@ -25,12 +25,14 @@ const RECENT: Duration = Duration::from_secs(5);
 /// How often exec mode refreshes its snapshot of CMD's process tree while it polls
 /// for OOM kills (no notifier available).
 pub const TREE_REFRESH: Duration = Duration::from_secs(1);
-/// How often exec mode reads its cgroup's memory usage. A victim is named from the last
-/// snapshot of CMD's tree taken while it lived: the OOM notification comes as the
-/// kernel kills, and the victim's parent may have reaped it before a snapshot taken
-/// then. So a snapshot is also taken whenever memory grows by [`GROWTH_STEP`] of the
-/// limit: a process that takes the container to its limit is in one before it is
-/// killed. At rest that is one small read per tick (about 10 µs).
+/// How often exec mode reads its cgroup's memory usage and process list. A victim is
+/// named from the last snapshot of CMD's tree taken while it lived: the OOM
+/// notification comes as the kernel kills, and the victim's parent may have reaped it
+/// before a snapshot taken then. So a snapshot is also taken whenever memory grows by
+/// [`GROWTH_STEP`] of the limit, and whenever a process is in the cgroup that the last
+/// snapshot did not see: a process that takes the container to its limit is in one
+/// before it is killed, and one that ended before it started is known to be gone. At
+/// rest that is two small reads per tick (about 20 µs).
 pub const GROWTH_POLL: Duration = Duration::from_millis(250);
 /// How the victim of a kill is waited for: see `record_cgroup_kills`.
 const VICTIM_POLL: Duration = Duration::from_millis(5);
@@ -48,13 +50,13 @@ struct Watched {
     container_id: String,
     cgroup: Cgroup,
     last: OomCounters,
-    /// When `last` was read.
-    checked_at: Instant,
     notifier: Option<tokio::task::JoinHandle<()>>,
     how: String,
-    /// The cgroup's memory limit, and its usage at the last snapshot of CMD's tree.
+    /// The cgroup's memory limit, and its usage and processes at the last snapshot of
+    /// CMD's tree.
     limit: Option<u64>,
     usage_at_snapshot: u64,
+    pids_at_snapshot: BTreeSet<u32>,
 }
 
 impl Drop for Watched {
@@ -185,16 +187,17 @@ impl OomWatch {
         );
         let limit = cgroup.limit();
         let usage_at_snapshot = cgroup.usage().0.unwrap_or(0);
+        let pids_at_snapshot = cgroup.pids().unwrap_or_default();
         self.watched.push(Watched {
             container,
             container_id,
             cgroup,
             last,
-            checked_at: Instant::now(),
             notifier,
             how,
             limit,
             usage_at_snapshot,
+            pids_at_snapshot,
         });
     }
 
@@ -264,20 +267,26 @@ impl OomWatch {
     }
 
     /// Exec mode, every [`GROWTH_POLL`]: a snapshot of CMD's tree when memory has grown
-    /// by [`GROWTH_STEP`] of the limit since the last one.
+    /// by [`GROWTH_STEP`] of the limit since the last one, or a process has come.
     pub fn on_growth_tick(&mut self) {
-        let mut grown = false;
+        let mut due = false;
         for w in &mut self.watched {
             let (Some(limit), (Some(usage), _)) = (w.limit, w.cgroup.usage()) else {
                 continue;
             };
             if usage >= w.usage_at_snapshot.saturating_add(limit / GROWTH_STEP) {
-                grown = true;
+                due = true;
             } else if usage < w.usage_at_snapshot {
                 w.usage_at_snapshot = usage;
             }
+            if w.cgroup
+                .pids()
+                .is_some_and(|pids| !pids.is_subset(&w.pids_at_snapshot))
+            {
+                due = true;
+            }
         }
-        if grown {
+        if due {
             self.refresh_tree();
         }
     }
@@ -288,14 +297,22 @@ impl OomWatch {
             if let (Some(usage), _) = w.cgroup.usage() {
                 w.usage_at_snapshot = usage;
             }
+            w.pids_at_snapshot = w.cgroup.pids().unwrap_or_default();
         }
         let all = procs::all_processes(&self.proc_root, self.page_size);
         self.tree = procs::descendants(&all, self.self_pid);
         let now = Instant::now();
         self.tree_at = Some(now);
+        // Read after the scan: a process the scan missed while the count was still
+        // this low was gone before any kill it could be the victim of.
+        let kills = self
+            .watched
+            .first()
+            .and_then(|w| w.cgroup.counters().ok())
+            .map_or(0, |c| c.oom_kill);
         for (pid, seen) in self.recent.iter_mut() {
             if seen.vanished.is_none() && !self.tree.contains_key(pid) {
-                seen.vanished = Some(now);
+                seen.vanished = Some(kills);
             }
         }
         for (pid, p) in &self.tree {
@@ -353,9 +370,7 @@ impl OomWatch {
                 }
             };
             let last = self.watched[i].last;
-            let since = self.watched[i].checked_at;
             self.watched[i].last = now;
-            self.watched[i].checked_at = Instant::now();
             let n = now.oom_kill.saturating_sub(last.oom_kill);
             let group = now.oom_group_kill > last.oom_group_kill;
             if n == 0 {
@@ -365,7 +380,10 @@ impl OomWatch {
                 }
                 continue;
             }
-            kills.extend(self.record_cgroup_kills(i, n, group, since, view).await);
+            kills.extend(
+                self.record_cgroup_kills(i, n, group, last.oom_kill, view)
+                    .await,
+            );
         }
         if !kills.is_empty() {
             self.recheck_until = None;
@@ -381,7 +399,7 @@ impl OomWatch {
         i: usize,
         kills: u64,
         group: bool,
-        since: Instant,
+        kills_before: u64,
         view: &PodView,
     ) -> Vec<OomKill> {
         let container = self.watched[i].container.clone();
@@ -389,9 +407,9 @@ impl OomWatch {
         let victims = if self.mode == Mode::Exec {
             // The counter rises as the victim is sent SIGKILL; give it a moment to die:
             // looked at every 5 ms for up to a second. A process that dies takes a few
-            // ms; one that vanished from a snapshot taken since the last read (its
-            // parent reaped it before the notification was handled) is taken after
-            // 50 ms, when no process alive in the last snapshot has died instead.
+            // ms; one that a snapshot first missed once the count had risen (its parent
+            // reaped it before the notification was handled) is taken after 50 ms,
+            // when no process alive in the last snapshot has died instead.
             let mut picked = Vec::new();
             let mut gone = BTreeSet::new();
             for attempt in 0..VICTIM_TRIES {
@@ -411,7 +429,7 @@ impl OomWatch {
                 picked = procs::pick_victims(
                     &self.recent,
                     &victims,
-                    since,
+                    kills_before,
                     kills as usize,
                     attempt >= VICTIM_FIRST_CHOICE_TRIES,
                 );
