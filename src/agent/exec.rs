@@ -176,15 +176,8 @@ impl Reporter for Engine {
     }
 
     async fn settle(&mut self, signals: &mut Signals, until: Instant) -> Handback {
-        while self.act_on_stale().is_none() && Instant::now() < until {
-            tokio::select! {
-                input = self.role.next() => self.on_role_input(input),
-                // Where inotify is missing, the file is read once more at the end.
-                _ = tokio::time::sleep_until(until.into()) => self.on_peers_file(),
-                sig = signals.recv() => return Handback::Signal(sig),
-            }
-        }
-        Handback::Standing
+        self.follow_peers_until(signals, until, |e| e.act_on_stale().is_some())
+            .await
     }
 
     async fn restarting(&mut self, n: u32, note: String) {
@@ -258,8 +251,30 @@ impl Reporter for Engine {
         Engine::whose(self)
     }
 
+    fn failure_time(&self, ended: SystemTime) -> SystemTime {
+        Engine::failure_time(self, ended)
+    }
+
     async fn failed(&mut self, failed: &Failed) {
         self.publish_failure(failed).await;
+    }
+
+    async fn await_earlier_failure(
+        &mut self,
+        signals: &mut Signals,
+        failed: &Failed,
+        until: Instant,
+    ) -> Handback {
+        if !self.restarts_together() {
+            return Handback::Standing;
+        }
+        self.follow_peers_until(signals, until, |e| e.earlier_failure(failed).is_some())
+            .await
+    }
+
+    fn first_failure(&self, failed: &Failed) -> Failed {
+        self.earlier_failure(failed)
+            .unwrap_or_else(|| failed.clone())
     }
 
     fn pass(&mut self) {
@@ -314,6 +329,27 @@ impl Reporter for Engine {
         self.outbox.flush(&self.metrics, &self.ready).await;
         self.hand_over(Some(code));
         self.probes.oom.ledger.kills.last().map(OomKill::message)
+    }
+}
+
+impl Engine {
+    /// Follows the peers (their files, their failures) until `done` or `until`, or a
+    /// signal, which it hands back.
+    async fn follow_peers_until(
+        &mut self,
+        signals: &mut Signals,
+        until: Instant,
+        done: impl Fn(&Engine) -> bool,
+    ) -> Handback {
+        while !done(self) && Instant::now() < until {
+            tokio::select! {
+                input = self.role.next() => self.on_role_input(input),
+                // Where inotify is missing, the file is read once more at the end.
+                _ = tokio::time::sleep_until(until.into()) => self.on_peers_file(),
+                sig = signals.recv() => return Handback::Signal(sig),
+            }
+        }
+        Handback::Standing
     }
 }
 

@@ -34,6 +34,9 @@ pub(super) struct GroupRun {
     failed: Option<Failed>,
     /// The peers' failures known when CMD last started, or passed: answered.
     acted: Vec<PeerFailure>,
+    /// The first OOM kill in CMD's tree of this run that a failure can be dated by
+    /// ([`group::failure_time`]).
+    first_kill: Option<SystemTime>,
 }
 
 impl GroupRun {
@@ -57,6 +60,7 @@ impl GroupRun {
             down: false,
             failed: None,
             acted: Vec::new(),
+            first_kill: None,
         }
     }
 
@@ -92,6 +96,20 @@ impl Engine {
             why: f.note.clone(),
             since: f.since,
         })
+    }
+
+    /// Whether a failure restarts every rank (`--on-failure restart`, ranks that wait
+    /// for each other).
+    pub(super) fn restarts_together(&self) -> bool {
+        self.role
+            .exec()
+            .is_some_and(|e| e.group.on && e.group.together)
+    }
+
+    /// A peer's failure of this run from before CMD's own `failed`: its rank failed
+    /// first, and its launcher exited after this pod's.
+    pub(super) fn earlier_failure(&self, own: &Failed) -> Option<Failed> {
+        self.act_on_failure().filter(|f| f.since < own.since)
     }
 
     /// This pod in a failure's note: `pod w-1-x7k2p (worker/1, rank 1)`.
@@ -135,7 +153,22 @@ impl Engine {
             e.group.started = now;
             e.group.down = false;
             e.group.acted = acted;
+            e.group.first_kill = None;
         }
+    }
+
+    /// exec saw an OOM kill in its cgroup, so in CMD's tree: a failure of CMD that
+    /// follows is dated by it.
+    pub(super) fn kill_in_cmd(&mut self, now: SystemTime) {
+        if let Some(e) = self.role.exec_mut() {
+            e.group.first_kill = Some(group::first_kill(e.group.first_kill, now));
+        }
+    }
+
+    /// When CMD, which `ended` now in failure, began to fail.
+    pub(super) fn failure_time(&self, ended: SystemTime) -> SystemTime {
+        let first_kill = self.role.exec().and_then(|e| e.group.first_kill);
+        group::failure_time(ended, first_kill)
     }
 
     /// The barrier: says that CMD is stopped, and waits until every peer has stopped

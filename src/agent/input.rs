@@ -3,7 +3,7 @@
 //! loop (`exec.rs`) and the sidecar's (`sidecar.rs`) are each these two calls and the
 //! condition that ends them.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
@@ -198,6 +198,7 @@ impl Engine {
     /// each kill is told once.
     pub(super) async fn check_oom(&mut self, notified: bool) {
         for kill in self.probes.oom.check(notified, &self.view).await {
+            self.kill_in_cmd(SystemTime::now());
             self.announce_kill(&kill, true);
         }
     }

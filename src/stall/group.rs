@@ -51,6 +51,37 @@ pub fn failure_to_act_on<'a>(
         .min_by_key(|f| f.since)
 }
 
+/// How long before CMD ended an OOM kill in its tree can be the start of its failure:
+/// torchrun stops a failed worker's siblings with SIGTERM and waits up to 30 s
+/// (`torch.distributed.elastic`'s `PContext.close`) before it exits itself, and 5 s more
+/// for its own exit.
+pub const KILL_BEFORE_FAILURE: Duration = Duration::from_secs(35);
+
+/// When a failed CMD began to fail: at the OOM kill of one of its processes, when one
+/// came at most [`KILL_BEFORE_FAILURE`] before it `ended`, or else when it ended. The
+/// launcher of the rank that was killed exits only once it has stopped the rank's local
+/// siblings, while a peer's launcher whose rank saw the broken collective may exit first:
+/// dated by the ends, the failure would be the peer's.
+pub fn failure_time(ended: SystemTime, first_kill: Option<SystemTime>) -> SystemTime {
+    match first_kill {
+        Some(k)
+            if k <= ended && ended.duration_since(k).unwrap_or_default() <= KILL_BEFORE_FAILURE =>
+        {
+            k
+        }
+        _ => ended,
+    }
+}
+
+/// The first of the OOM kills that a failure of CMD can still be dated by, after a kill
+/// `now`: an earlier one stays, unless it is too old to be part of one failure.
+pub fn first_kill(earlier: Option<SystemTime>, now: SystemTime) -> SystemTime {
+    match earlier {
+        Some(k) if now.duration_since(k).unwrap_or_default() <= KILL_BEFORE_FAILURE => k,
+        _ => now,
+    }
+}
+
 /// The barrier: the peers whose CMD of the failed run may still be running, for a
 /// restart that answers a failure at `since`. A peer has stopped it when it says it is
 /// down, or when it started a new CMD after the failure (it passed the barrier before
@@ -127,6 +158,23 @@ mod tests {
             failure_to_act_on(&f, Some("w-0"), t(10), &[]).map(|f| f.pod.as_str()),
             Some("w-1")
         );
+    }
+
+    #[test]
+    fn a_failure_is_dated_by_the_oom_kill_that_began_it() {
+        // Rank 2 OOM-killed at 100 s; its launcher stopped rank 3 and exited at 103 s.
+        assert_eq!(failure_time(t(103), Some(t(100))), t(100));
+        assert_eq!(failure_time(t(103), None), t(103));
+        // A kill 35 s before the end still began it; one 36 s before did not.
+        assert_eq!(failure_time(t(135), Some(t(100))), t(100));
+        assert_eq!(failure_time(t(136), Some(t(100))), t(136));
+        // A clock that read the kill after the end: the end.
+        assert_eq!(failure_time(t(99), Some(t(100))), t(99));
+        // Of two kills close together the first counts; a later one after a long
+        // quiet starts anew.
+        assert_eq!(first_kill(Some(t(100)), t(120)), t(100));
+        assert_eq!(first_kill(Some(t(100)), t(136)), t(136));
+        assert_eq!(first_kill(None, t(7)), t(7));
     }
 
     #[test]

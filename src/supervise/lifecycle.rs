@@ -56,9 +56,23 @@ pub trait Reporter {
     fn generation(&self) -> Option<u64>;
     /// This pod in a failure's note: its name, task and rank.
     fn whose(&self) -> String;
+    /// When CMD, which `ended` now in failure, began to fail: at an OOM kill in its
+    /// tree that came shortly before, which the peers' ranks may have outlived by less.
+    fn failure_time(&self, ended: SystemTime) -> SystemTime;
     /// CMD failed and every rank restarts for it (`--on-failure restart`): published,
     /// for the peers to restart once for it.
     async fn failed(&mut self, failed: &Failed);
+    /// After [`Reporter::failed`]: waits until `until` for a peer's failure from before
+    /// `failed` ([`Reporter::first_failure`]), or a signal, which it hands back.
+    async fn await_earlier_failure(
+        &mut self,
+        signals: &mut Signals,
+        failed: &Failed,
+        until: Instant,
+    ) -> Handback;
+    /// The failure a restart for CMD's own `failed` names: a peer's from before it, the
+    /// rank that failed first, or `failed` itself.
+    fn first_failure(&self, failed: &Failed) -> Failed;
     /// The peers' failures known now are answered without a restart here.
     fn pass(&mut self);
     /// CMD is stopped for a restart that answers a failure at `since`: says so, and
@@ -322,7 +336,7 @@ impl Supervisor {
         let mut settled = false;
         let own_failure = match self.cmd.exit {
             Some(code) if code != 0 && reporter.policy().on_failure == OnFailure::Restart => {
-                let since = SystemTime::now();
+                let since = reporter.failure_time(SystemTime::now());
                 (self.respawner.retried)(code).map(|how| Failed {
                     why: format!("{} failed: {how}", reporter.whose()),
                     since,
@@ -370,6 +384,21 @@ impl Supervisor {
         trigger: &Trigger,
     ) -> Result<bool, Failure> {
         let program = self.program.clone();
+        let first;
+        let trigger = match trigger {
+            Trigger::Failure { failed, own: true } => {
+                reporter.failed(failed).await;
+                if !self.await_earlier_failure(reporter, signals, failed).await {
+                    return Ok(false);
+                }
+                first = Trigger::Failure {
+                    failed: reporter.first_failure(failed),
+                    own: true,
+                };
+                &first
+            }
+            _ => trigger,
+        };
         let (why, after_what) = match trigger {
             Trigger::PeerChange(stale) => {
                 (format!("the cluster changed ({stale})"), "a peer change")
@@ -384,9 +413,6 @@ impl Supervisor {
             humantime::format_duration(step.delay)
         );
         warn!("{note}");
-        if let Trigger::Failure { failed, own: true } = trigger {
-            reporter.failed(failed).await;
-        }
         reporter.restarting(step.n, note).await;
         let policy = reporter.policy().clone();
         if self.stop(signals, &policy).await.is_some() {
@@ -419,6 +445,26 @@ impl Supervisor {
         reporter.started_again();
         self.step(|l| l.restarted(step.n));
         Ok(true)
+    }
+
+    /// CMD failed and its peers were told: waits [`policy::EARLIER_FAILURE`] for a
+    /// peer's failure that came first. `false`: a stop signal came, and exec ends.
+    async fn await_earlier_failure(
+        &mut self,
+        reporter: &mut impl Reporter,
+        signals: &mut Signals,
+        failed: &Failed,
+    ) -> bool {
+        let until = Instant::now() + policy::EARLIER_FAILURE;
+        while let Handback::Signal(sig) =
+            reporter.await_earlier_failure(signals, failed, until).await
+        {
+            self.on_signal(sig, Life::on_signal_while_settling);
+            if self.life.is_stopped() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Stops what is left of CMD's tree when exec was asked to stop, and makes the last

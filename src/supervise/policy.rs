@@ -73,6 +73,15 @@ pub struct Policy {
 /// death, and the API server's watch tells of the pod about as fast.
 pub const SETTLE: Duration = Duration::from_secs(5);
 
+/// How long a failed CMD's restart waits, after it told its peers of the failure, for a
+/// peer's failure from before it: the ranks of one breakdown fail one after another
+/// (a rank dies, its peers' collectives break), and the launcher of the rank that failed
+/// first may exit last, once it has stopped that rank's local siblings. The restart
+/// names the failure that came first, in every pod. A peer's failure takes about a
+/// second to arrive (its exec, its sidecar, the API server, this pod's sidecar); the
+/// wait ends as soon as one that came first does.
+pub const EARLIER_FAILURE: Duration = Duration::from_secs(3);
+
 /// The longest delay between two restarts, as the seeds' operator has it.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(360);
 
