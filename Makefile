@@ -80,23 +80,24 @@ node-smoke:
 ## checks. Each run ends with the count of skipped tests.
 test: test-newest test-k8s-previous
 
-# Two passes, both run whatever the first's outcome: the unit tests and the played
-# tests (no node), PLAYED_THREADS at a time, since they mostly wait on the API server
-# and on timers; then the real node's tests in two lanes side by side, one test at a
-# time in each, since their pods' frameworks start on the same cores: the launcher
-# corpus (node_launchers, eight jobs of three to five minutes each, and node_where's
-# hanging DDP job) with the examples, and the other node tests (the admission policy's
-# among them), the cgroup v2 machine's first (slow: it is emulated). Two lanes keep two
-# corpus jobs from starting at once and leave no core idle at the end. The corpus lane's output follows the
-# other's, whole, and where each failed test panicked ends the output.
+# Two lanes side by side, each run whatever the other's outcome, after one build of
+# every test: the launcher corpus on the real node (node_launchers, eight jobs of three
+# to five minutes each, node_where's hanging DDP job, and the examples), the longest;
+# and, one pass after the other, the unit tests and the played tests (no node),
+# PLAYED_THREADS at a time, since they mostly wait on the API server and on timers,
+# the cgroup v2 machine's (slow: it is emulated) and the other node tests (the admission
+# policy's among them). The node tests run one at a time in each lane, since their
+# pods' frameworks start on the same cores; two lanes keep two corpus jobs from
+# starting at once and leave no core idle at the end. The corpus lane's output follows
+# the other's, whole, and where each failed test panicked ends the output.
 PLAYED_THREADS ?= 4
 NODE_CORPUS := node_launchers:: node_where:: node_examples::
 NODE_OTHERS := node_ --skip node_launchers:: --skip node_where:: --skip node_examples:: --skip node_two:: --skip node_cgroup2::
 
 test-newest: deps control-plane image
-	@( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \
-	$(CARGO) test --test it --no-run 2>&1 | tail -n 1; \
+	@$(CARGO) test --no-run 2>&1 | tail -n 1; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- $(NODE_CORPUS) --test-threads 1,test-launchers.log) ) >target/test-launchers.out 2>&1 & lane=$$!; \
+	( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_two:: node_cgroup2:: --test-threads 1,test-vm.log) ); vm=$$?; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- $(NODE_OTHERS) --test-threads 1,test-node.log) ); node=$$?; \
 	wait $$lane; launchers=$$?; cat target/test-launchers.out; \
