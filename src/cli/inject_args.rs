@@ -143,8 +143,11 @@ pub struct InjectArgs {
     /// that does at each pod's creation what inject does, for pods labelled
     /// `trainlet.io/inject: "true"`, with the settings in their `trainlet.io/<flag>`
     /// annotations; reads no manifests. Takes --image, --resources and
-    /// --service-account; the other settings come from each pod. Kubernetes 1.36+ (or
-    /// 1.34 with the MutatingAdmissionPolicy gate). See docs/admission.md.
+    /// --service-account; the other settings come from each pod. The image and
+    /// resources go into the policy's parameter object, the ConfigMap
+    /// trainlet-system/trainlet-inject printed with it, where they can be changed later
+    /// without printing the policy again. Kubernetes 1.36+ (or 1.34 with the
+    /// MutatingAdmissionPolicy gate). See docs/admission.md.
     #[arg(long = flags::ADMISSION_POLICY, env = "TRAINLET_ADMISSION_POLICY")]
     pub admission_policy: bool,
 

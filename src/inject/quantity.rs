@@ -22,8 +22,16 @@ pub fn is_quantity(s: &str) -> bool {
         None => digits(number),
         Some((whole, fraction)) => digits(whole) && digits(fraction),
     };
-    number_ok && s.len() <= 32
+    number_ok && s.len() <= MAX_LEN
 }
+
+/// [`is_quantity`] as a regular expression (RE2, as CEL's `matches()` takes it), for
+/// the admission policy, which checks its parameters' quantities in the API server.
+/// Its length limit is apart: [`MAX_LEN`].
+pub const PATTERN: &str = "^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$";
+
+/// The longest quantity taken.
+pub const MAX_LEN: usize = 32;
 
 /// The number of a memory size given in millibytes (`128m`, which the API server
 /// takes for 0.128 bytes): someone meant `128Mi`.
@@ -51,8 +59,34 @@ mod tests {
         }
     }
 
+    /// The admission policy's pattern and this check agree, on quantities and on
+    /// near misses.
+    #[test]
+    fn the_pattern_is_the_check() {
+        let re = regex::Regex::new(super::PATTERN).unwrap();
+        let agree = |s: &str| {
+            assert_eq!(
+                re.is_match(s) && s.len() <= super::MAX_LEN,
+                is_quantity(s),
+                "{s:?}"
+            );
+        };
+        for s in [
+            "250m", "128Mi", "1.5Gi", "2", "", "Mi", "-1", "1.", ".5", "1.5.1Gi", "12MB", "1 Gi",
+            "1e3", "1gi", "1Mi\n", "\n1Mi",
+        ] {
+            agree(s);
+        }
+    }
+
     proptest! {
         #![proptest_config(budget(256))]
+
+        #[test]
+        fn the_pattern_agrees_with_the_check(s in "[0-9.mkKMGTPEi a]{0,6}") {
+            let re = regex::Regex::new(super::PATTERN).unwrap();
+            prop_assert_eq!(re.is_match(&s) && s.len() <= super::MAX_LEN, is_quantity(&s));
+        }
 
         #[test]
         fn every_number_with_every_suffix_is_one(n in 0u32..1_000_000, frac in proptest::option::of(0u32..1000), i in 0usize..14) {

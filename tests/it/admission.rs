@@ -47,8 +47,21 @@ fn admission_policy_refuses_the_pods_own_flags() {
     );
 }
 
-/// Installs the shipped policy and waits until the API server applies it.
-pub(crate) async fn install(kc: &Path, ns: &str) {
+/// The policy's parameter object, shared by every test on one control plane: a test
+/// that changes it holds it alone ([`crate::admission_params`]); every other test that
+/// uses the policy holds it to read while it runs.
+pub(crate) static PARAMS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Installs the shipped policy and waits until the API server applies it; the guard
+/// keeps the parameter object as shipped while the test runs.
+pub(crate) async fn install(kc: &Path, ns: &str) -> tokio::sync::RwLockReadGuard<'static, ()> {
+    let params = PARAMS.read().await;
+    install_unguarded(kc, ns).await;
+    params
+}
+
+/// [`install`], for the test that holds [`PARAMS`] alone.
+pub(crate) async fn install_unguarded(kc: &Path, ns: &str) {
     let dir = repo().join("manifests/admission");
     // One apply at a time: on a fresh control plane, two tests creating the same
     // cluster-scoped policies at once made one `kubectl apply` fail.
@@ -191,7 +204,7 @@ async fn the_policy_makes_the_pod_inject_makes_for_the_same_settings() {
     let kc = kubeconfig();
     let client = admin().await;
     let ns = restricted_namespace(kc, &client, "admission").await;
-    install(kc, &ns).await;
+    let _params = install(kc, &ns).await;
     let main = container("main", json!(["python", "train.py"]));
     let mut main_env = main.clone();
     main_env["env"] = json!([{"name": "EPOCHS", "value": "3"}]);
@@ -348,7 +361,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
     let kc = kubeconfig();
     let client = admin().await;
     let ns = restricted_namespace(kc, &client, "admission-bad").await;
-    install(kc, &ns).await;
+    let _params = install(kc, &ns).await;
     let main = json!([container("main", json!(["python", "train.py"]))]);
     let denied = "The pods \"bad\" is invalid: : ValidatingAdmissionPolicy 'trainlet-inject' with binding 'trainlet-inject' denied request: ";
     let job = "worker=app=trainer";
@@ -451,7 +464,7 @@ async fn bad_settings_are_refused_at_admission_naming_the_annotation() {
 #[tokio::test]
 async fn node_runs_a_labelled_job_under_trainlet() {
     let on = require!(On::restricted("admission").await);
-    install(on.kc, &on.ns).await;
+    let _params = install(on.kc, &on.ns).await;
     let script = r#"echo "TF_CONFIG=$TF_CONFIG"; sed 's/^/torch.env: /' /etc/trainlet/torch.env"#;
     let mut job = plain_job("labelled", 2, main_container(&["sh", "-c", script], "64Mi"));
     let t = &mut job["spec"]["template"]["metadata"];

@@ -367,7 +367,7 @@ async fn the_policy_refuses_exactly_the_values_inject_refuses() {
     let kc = kubeconfig();
     let client = admin().await;
     let ns = restricted_namespace(kc, &client, "admission-agree").await;
-    install(kc, &ns).await;
+    let _params = install(kc, &ns).await;
     let api = Api::<Pod>::namespaced(client.clone(), &ns);
     let dry = PostParams {
         dry_run: true,
@@ -1013,7 +1013,7 @@ async fn the_policy_makes_inject_s_pod_of_every_shape() {
             &open,
         ],
     );
-    install(kc, &ns).await;
+    let _params = install(kc, &ns).await;
     kubectl_clean(kc, &["create", "serviceaccount", "s3-reader", "-n", &ns]);
     for s in shapes() {
         let ns = if s.name.starts_with("host-network") {

@@ -39,6 +39,7 @@ mod report_support;
 
 mod admission;
 mod admission_agree;
+mod admission_params;
 mod architecture;
 mod bench_docs;
 mod control_plane;

@@ -2,7 +2,8 @@
 //! its binding, the ValidatingAdmissionPolicy and its binding, from the CEL pieces that
 //! the rest of `admission` builds.
 
-use super::settings::annotation;
+use super::params;
+use super::settings::{PARAMS_CHECK, annotation};
 use super::validate::{injected, valid_expression, validations};
 use super::{
     InjectConfig, LABEL, NAME, PREFIX, Settings, WRAP, args, cel_string, command_variables,
@@ -27,23 +28,30 @@ const LABELS: &str = "(has(object.metadata.labels) ? object.metadata.labels : {}
 /// The MutatingAdmissionPolicy, its binding, the ValidatingAdmissionPolicy and its
 /// binding, as YAML (`manifests/admission/`).
 pub fn policy_yaml(cfg: &InjectConfig, settings: &Settings) -> String {
+    let (out, obs) = (&cfg.output_dir, &cfg.observations_dir);
     format!(
-        "{}---\n{}---\n{}---\n{}",
-        mutating(cfg, settings),
-        binding("MutatingAdmissionPolicyBinding", ""),
+        "{}---\n{}---\n{}---\n{}---\n{}---\n{}",
+        mutating(&params::parametrized(cfg), settings),
+        binding("MutatingAdmissionPolicyBinding", &params::param_ref()),
         validating(settings, cfg),
         binding(
             "ValidatingAdmissionPolicyBinding",
             "  validationActions: [Deny]\n"
         ),
+        params::check(
+            CONSTRAINTS,
+            &valid_expression(settings, out, obs),
+            &metadata(PARAMS_CHECK)
+        ),
+        params::object(cfg),
     )
 }
 
 /// A policy's or a binding's metadata.
-fn metadata() -> String {
+fn metadata(name: &str) -> String {
     format!(
         "metadata:
-  name: {NAME}
+  name: {name}
   labels:
     app.kubernetes.io/name: trainlet
 "
@@ -58,7 +66,7 @@ kind: {kind}
 {metadata}spec:
   policyName: {NAME}
 {extra}",
-        metadata = metadata(),
+        metadata = metadata(NAME),
     )
 }
 
@@ -90,12 +98,16 @@ fn mutating(cfg: &InjectConfig, settings: &Settings) -> String {
 # (admissionregistration.k8s.io/v1), or 1.34-1.35 with the MutatingAdmissionPolicy
 # feature gate and --runtime-config=admissionregistration.k8s.io/v1beta1=true (and
 # apiVersion v1beta1 below). The ServiceAccount, Role and RoleBinding of
-# manifests/rbac.yaml must exist in the pods' namespace.
+# manifests/rbac.yaml must exist in the pods' namespace. The image and resources of
+# trainlet's containers are the parameter object's, at the end of this file.
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingAdmissionPolicy
 {metadata}spec:
   failurePolicy: Fail
   reinvocationPolicy: Never
+  paramKind:
+    apiVersion: v1
+    kind: ConfigMap
 {CONSTRAINTS}  matchConditions:
     - name: opted-in
       expression: >-
@@ -109,10 +121,16 @@ kind: MutatingAdmissionPolicy
     - name: valid
       expression: >-
         {valid}
+    # A parameter object that is bad: nothing injected (and nothing refused, as an
+    # error here would).
+    - name: parameters
+      expression: >-
+        {parameters}
 {variables}{mutations}"#,
-        metadata = metadata(),
+        metadata = metadata(NAME),
         injected = injected(),
         valid = valid_expression(settings, out, obs),
+        parameters = params::valid(),
         variables = mutating_variables(cfg, settings),
         mutations = mutations(cfg),
     )
@@ -130,7 +148,7 @@ fn mutating_variables(cfg: &InjectConfig, settings: &Settings) -> String {
     ));
     let exec_args = format!("['--{}'] + {}", flags::REPORT, args(&settings.exec));
     format!(
-        r#"{settings_vars}    # The pod's own ServiceAccount (workload identity, a bucket's access) is kept, and
+        r#"{settings_vars}{params}    # The pod's own ServiceAccount (workload identity, a bucket's access) is kept, and
     # its token in the pod's containers, as inject keeps them.
     - name: usersSA
       expression: >-
@@ -149,6 +167,7 @@ fn mutating_variables(cfg: &InjectConfig, settings: &Settings) -> String {
         {sidecar_args}
 "#,
         settings_vars = settings_variables(),
+        params = params::variables(),
         init_args = args(&settings.init),
         command = command_variables(cfg),
         frameworks = framework_variables(),
@@ -257,7 +276,7 @@ kind: ValidatingAdmissionPolicy
         !({injected})
 {settings_vars}{validations}
 "#,
-        metadata = metadata(),
+        metadata = metadata(NAME),
         injected = injected(),
         settings_vars = settings_variables(),
         validations = validations(settings, out, obs),

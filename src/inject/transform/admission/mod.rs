@@ -32,6 +32,7 @@ use crate::inject::yaml::to_json;
 mod cel;
 mod document;
 mod host;
+mod params;
 mod rule;
 mod settings;
 mod validate;

@@ -11,8 +11,19 @@ pub const LABEL: &str = "trainlet.io/inject";
 pub const PREFIX: &str = "trainlet.io/";
 /// The annotation that names the container to wrap (`inject --wrap`).
 pub const WRAP: &str = "wrap";
-/// The policies' and bindings' name.
+/// The policies' and bindings' name, and their parameter object's.
 pub const NAME: &str = "trainlet-inject";
+/// The namespace of the policy's parameter object (a ConfigMap named [`NAME`]): the
+/// image and resources of trainlet's containers, which a cluster admin changes there
+/// without generating the policy again.
+pub const PARAMS_NAMESPACE: &str = "trainlet-system";
+/// The parameter object's keys.
+pub const PARAM_IMAGE: &str = "image";
+pub const PARAM_CPU: &str = "cpu";
+pub const PARAM_MEMORY: &str = "memory";
+/// The name of the ValidatingAdmissionPolicy that warns of a pod left uninjected for
+/// want of a valid parameter object.
+pub const PARAMS_CHECK: &str = "trainlet-inject-parameters";
 
 /// One setting, read from the annotation `trainlet.io/<flag>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
