@@ -15,7 +15,7 @@ use crate::support::*;
 const OBJECT: [&str; 4] = ["-n", "trainlet-system", "configmap", "trainlet-inject"];
 
 /// The shipped parameter object again, also when the test fails.
-struct Shipped(&'static Path);
+pub(crate) struct Shipped(pub(crate) &'static Path);
 
 impl Drop for Shipped {
     fn drop(&mut self) {

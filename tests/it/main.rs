@@ -42,6 +42,7 @@ mod admission_agree;
 mod admission_params;
 mod architecture;
 mod bench_docs;
+mod chart;
 mod control_plane;
 mod coordinated;
 mod frameworks;

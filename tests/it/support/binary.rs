@@ -61,8 +61,14 @@ pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
+    // Written beside the reads: a child that answers as it reads (kubectl) would fill
+    // its stdout pipe and stop reading while this still wrote.
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    out
 }
 
 /// Runs trainlet to completion (blocking), returning code and output.

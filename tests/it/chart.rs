@@ -1,0 +1,214 @@
+//! The Helm chart (`charts/trainlet`): the objects of manifests/ with what a cluster
+//! admin sets (image, resources, the namespaces that run jobs, which policies). Helm is
+//! the real one, built from its Go module by tests/helm/build, once per machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::admission::{PARAMS, container, create_dry_run, install_unguarded, labelled};
+use crate::admission_params::Shipped;
+use crate::support::*;
+
+/// Helm, built once; a build that fails fails the test that needs it.
+fn helm() -> Command {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    let bin = HELM.get_or_init(|| {
+        let out = Command::new(repo().join("tests/helm/build"))
+            .output()
+            .expect("tests/helm/build");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "tests/helm/build failed:\n{stderr}");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    });
+    let mut c = Command::new(bin);
+    // Helm's own state (repositories, cache) out of $HOME.
+    let home = std::env::temp_dir().join("trainlet-helm-home");
+    c.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    c
+}
+
+fn chart() -> PathBuf {
+    repo().join("charts/trainlet")
+}
+
+/// Runs `cmd`, which must succeed; its stdout.
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The objects of a YAML stream, as kubectl reads them, in one order.
+fn objects(kc: &Path, yaml: &str) -> Vec<Value> {
+    let out = output_with_stdin(
+        Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ]),
+        yaml.as_bytes(),
+    );
+    assert!(
+        out.status.success(),
+        "kubectl could not read:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One JSON document per object, one after the other.
+    let mut items: Vec<Value> = serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter::<Value>()
+        .map(Result::unwrap)
+        .collect();
+    items.sort_by_key(|o| o.to_string());
+    items
+}
+
+#[test]
+fn helm_lint_finds_nothing() {
+    let out = ok(helm().args(["lint", "--strict"]).arg(chart()));
+    assert!(
+        out.contains("1 chart(s) linted, 0 chart(s) failed"),
+        "{out}"
+    );
+}
+
+/// One source of truth: the chart with its defaults renders exactly the objects of
+/// manifests/ (trainlet's RBAC in the namespace `default`, the guard, the admission
+/// policy with its parameter object).
+#[test]
+fn the_chart_with_its_defaults_is_manifests() {
+    let kc = kubeconfig();
+    let rendered = ok(helm().args(["template", "trainlet"]).arg(chart()));
+    let read = |p: &str| std::fs::read_to_string(repo().join(p)).unwrap();
+    let rbac: Vec<Value> = objects(kc, &read("manifests/rbac.yaml"))
+        .into_iter()
+        .map(|mut o| {
+            o["metadata"]["namespace"] = json!("default");
+            o
+        })
+        .collect();
+    let mut want: Vec<Value> = [
+        "manifests/guard/own-pod-only.yaml",
+        "manifests/admission/policy.yaml",
+    ]
+    .iter()
+    .flat_map(|p| objects(kc, &read(p)))
+    .chain(rbac)
+    .collect();
+    want.sort_by_key(|o| o.to_string());
+    let mut got = objects(kc, &rendered);
+    got.sort_by_key(|o| o.to_string());
+    assert_eq!(got, want);
+}
+
+/// Helm takes over what `kubectl apply -k manifests/admission/` made (the ownership
+/// metadata Helm looks for on an object it did not create), as a cluster admin moving
+/// to the chart does.
+fn adopt(kc: &Path, release: &str, namespace: &str) {
+    let cluster = [
+        "mutatingadmissionpolicy/trainlet-inject",
+        "mutatingadmissionpolicybinding/trainlet-inject",
+        "validatingadmissionpolicy/trainlet-inject",
+        "validatingadmissionpolicybinding/trainlet-inject",
+        "validatingadmissionpolicy/trainlet-inject-parameters",
+        "validatingadmissionpolicybinding/trainlet-inject-parameters",
+        "namespace/trainlet-system",
+    ];
+    let owner = [
+        format!("meta.helm.sh/release-name={release}"),
+        format!("meta.helm.sh/release-namespace={namespace}"),
+    ];
+    for (object, ns) in cluster
+        .iter()
+        .map(|o| (*o, None))
+        .chain([("configmap/trainlet-inject", Some("trainlet-system"))])
+    {
+        let mut args = vec!["annotate", "--overwrite", object, &owner[0], &owner[1]];
+        let mut label = vec![
+            "label",
+            "--overwrite",
+            object,
+            "app.kubernetes.io/managed-by=Helm",
+        ];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+            label.extend(["-n", ns]);
+        }
+        kubectl_on(kc, &args);
+        kubectl_on(kc, &label);
+    }
+}
+
+/// `helm install` into the control plane, with the image as one value: trainlet's RBAC
+/// in the job's namespace, and a labelled pod comes out with that image; the guard left
+/// out, as a value says.
+#[tokio::test]
+async fn helm_install_sets_the_image_in_one_value_and_a_labelled_pod_gets_it() {
+    let kc = kubeconfig();
+    let client = admin().await;
+    // Pod Security `restricted`, and none of trainlet's RBAC yet: the chart brings it.
+    let ns = namespace_with_labels(
+        &client,
+        "chart",
+        &[("pod-security.kubernetes.io/enforce", "restricted")],
+    )
+    .await;
+    let _alone = PARAMS.write().await;
+    // What `kubectl apply -k manifests/admission/` made, which the chart takes over;
+    // shown working in a namespace with trainlet's RBAC.
+    let applied = restricted_namespace(kc, &client, "chart-applied").await;
+    install_unguarded(kc, &applied).await;
+    let _shipped = Shipped(kc);
+    adopt(kc, "trainlet", &ns);
+    let image = "registry.example.test/helm/trainlet:0.1.0";
+    ok(helm()
+        .arg("install")
+        .arg("trainlet")
+        .arg(chart())
+        .arg("--kubeconfig")
+        .arg(kc)
+        .args([
+            "-n",
+            &ns,
+            "--set",
+            &format!("image={image}"),
+            "--set",
+            &format!("namespaces={{{ns}}}"),
+            "--set",
+            "guard.enabled=false",
+        ]));
+    for object in ["serviceaccount", "role", "rolebinding"] {
+        kubectl_on(kc, &["get", "-n", &ns, object, "trainlet"]);
+    }
+    let pod = labelled(
+        "charted",
+        json!({"trainlet.io/job": "worker=app=trainer"}),
+        json!([container("main", json!(["python", "train.py"]))]),
+    );
+    eventually("the chart's image", Duration::from_secs(30), || async {
+        let out = create_dry_run(kc, &ns, &pod, "json");
+        let created: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let images: Vec<&str> = created["spec"]["initContainers"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["image"].as_str())
+            .collect();
+        (images == [image, image]).then_some(())
+    })
+    .await;
+    delete_namespace(&client, &ns).await;
+    delete_namespace(&client, &applied).await;
+}
