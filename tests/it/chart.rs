@@ -51,27 +51,7 @@ fn ok(cmd: &mut Command) -> String {
 
 /// The objects of a YAML stream, as kubectl reads them, in one order.
 fn objects(kc: &Path, yaml: &str) -> Vec<Value> {
-    let out = output_with_stdin(
-        Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ]),
-        yaml.as_bytes(),
-    );
-    assert!(
-        out.status.success(),
-        "kubectl could not read:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // One JSON document per object, one after the other.
-    let mut items: Vec<Value> = serde_json::Deserializer::from_slice(&out.stdout)
-        .into_iter::<Value>()
-        .map(Result::unwrap)
-        .collect();
+    let mut items = all_as_json(kc, yaml);
     items.sort_by_key(|o| o.to_string());
     items
 }

@@ -249,6 +249,13 @@ pub fn inject_printed(plain: &Value, args: &[&str]) -> String {
 /// The one object of a YAML file or of `kubectl kustomize`'s output, as kubectl reads
 /// it (go-yaml's rules, through `kubectl create --dry-run=client -o json`).
 pub fn as_json(kc: &Path, yaml: &str) -> Value {
+    let mut all = all_as_json(kc, yaml);
+    assert_eq!(all.len(), 1, "not one object: {all:?}");
+    all.remove(0)
+}
+
+/// Every object of a YAML stream, as kubectl reads it, in the stream's order.
+pub fn all_as_json(kc: &Path, yaml: &str) -> Vec<Value> {
     let out = output_with_stdin(
         Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
             "create",
@@ -265,7 +272,11 @@ pub fn as_json(kc: &Path, yaml: &str) -> Value {
         "kubectl create --dry-run=client: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    // One JSON document per object, one after the other.
+    serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter::<Value>()
+        .map(Result::unwrap)
+        .collect()
 }
 
 /// The lines a trainer prints for a full mesh (TF_CONFIG, the hostfile): it listens on
