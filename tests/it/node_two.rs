@@ -398,7 +398,20 @@ async fn oom_job(kc: &'static std::path::Path, prefix: &str) -> (On, Pod, Vec<St
     on_cgroup2(&mut plain);
     on.inject_and_apply(&plain, &[], |_| {});
     on.job_end_within("oom", TWO_NODE_TIMEOUT).await;
-    let p = on.only_pods("oom", 1).await.remove(0);
+    // The sidecar tells of the kill once the pod's status shows it, and the kubelet stops
+    // it after the training container: read the pod and its Events once it has ended.
+    let p = eventually("the sidecar stopped", TWO_NODE_TIMEOUT, || async {
+        let p = on.only_pods("oom", 1).await.remove(0);
+        let s = p.status.as_ref()?;
+        let ended = s
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(s.init_container_statuses.iter().flatten())
+            .all(|c| c.state.as_ref().is_some_and(|st| st.terminated.is_some()));
+        ended.then_some(p)
+    })
+    .await;
     assert_eq!(node_of(&p), CGROUP2_NODE);
     let lines = on.cmd_lines(&p.name_any(), "main").await;
     (on, p, lines)
