@@ -87,18 +87,22 @@ pub fn next(f: &Facts) -> Next {
         && !f.settled
         && !s.terminating
         && s.stale.is_none()
+        && s.stalled.is_none()
         && f.on_change != OnPeerChange::Report
     {
         return Next::Settle;
     }
     let trigger = match (&s.stale, f.exit) {
         (Some(stale), _) => Trigger::PeerChange(stale.clone()),
-        // CMD ended: only its own failure restarts it.
-        (None, Some(_)) => match &f.own_failure {
-            Some(own) if failed => Trigger::Failure {
+        // CMD ended: its own failure restarts it, and so does the stall it failed in:
+        // while the pods read their ranks' stacks before the group restart, a peer that
+        // restarts first breaks the collective, and CMD fails of it.
+        (None, Some(_)) => match (&f.own_failure, &s.stalled) {
+            (Some(own), _) if failed => Trigger::Failure {
                 failed: own.clone(),
                 own: true,
             },
+            (None, Some(why)) if failed => Trigger::Stall(why.clone()),
             _ => return Next::End,
         },
         // A peer's failure or a stall restarts a CMD that still runs (stuck with them).
@@ -331,18 +335,25 @@ mod tests {
     }
 
     #[test]
-    fn a_stall_acts_only_on_a_cmd_that_still_runs() {
+    fn a_stall_acts_on_a_cmd_that_runs_or_failed_in_it() {
         let hung = Facts {
             standing: standing(None, Some(HUNG)),
             ..Facts::default()
         };
         assert_eq!(next(&hung), Next::Act(Trigger::Stall(HUNG.into())));
-        let ended = Facts {
+        // Failed in the stall (a peer restarted first): restarted for it, with no wait
+        // for a peer change, which the stall already explains.
+        let failed = Facts {
             exit: Some(1),
-            settled: true,
             ..hung.clone()
         };
-        assert_eq!(next(&ended), Next::End);
+        assert_eq!(next(&failed), Next::Act(Trigger::Stall(HUNG.into())));
+        // Ended well: the job's work is done.
+        let done = Facts {
+            exit: Some(0),
+            ..hung.clone()
+        };
+        assert_eq!(next(&done), Next::End);
         let nothing = Facts::default();
         assert_eq!(next(&nothing), Next::End);
     }
@@ -416,6 +427,10 @@ mod tests {
         assert_eq!(next(&peer), failure(false));
         // CMD ended by itself and its failure is not retried: exec ends.
         let ended = Facts {
+            standing: Standing {
+                failed: Some(boom()),
+                ..Standing::default()
+            },
             exit: Some(1),
             settled: true,
             ..peer.clone()
