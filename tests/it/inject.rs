@@ -1,9 +1,8 @@
 //! `trainlet inject` as users run it: the binary, stdin or -f, stdout, notes on stderr,
 //! exit codes; and its output accepted by the real API server.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::json;
 
@@ -16,19 +15,8 @@ fn fixture(name: &str) -> PathBuf {
 /// Runs `trainlet inject ARGS` with `input` on stdin.
 fn inject_stdin(args: &[&str], input: &str) -> Run {
     let mut cmd = trainlet();
-    cmd.arg("inject")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    Run::from_output(child.wait_with_output().unwrap())
+    cmd.arg("inject").args(args);
+    Run::from_output(output_with_stdin(&mut cmd, input.as_bytes()))
 }
 
 const MIXED_ARGS: [&str; 4] = ["--job", "worker=app=trainer", "--wrap", "train"];
@@ -371,31 +359,18 @@ async fn the_api_server_accepts_injected_deployment_cronjob_and_list() {
 /// What the API server makes of `yaml` in `ns` (`kubectl apply --dry-run=server`), or
 /// why it refuses it.
 fn server_dry_run(ns: &str, yaml: &str) -> Result<serde_json::Value, String> {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args([
-            "apply",
-            "--dry-run=server",
-            "-n",
-            ns,
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(kubeconfig()).args([
+        "apply",
+        "--dry-run=server",
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "-f",
+        "-",
+    ]);
+    let out = output_with_stdin(&mut cmd, yaml.as_bytes());
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }

@@ -438,25 +438,15 @@ fn prometheusrule_crd() {
 
 /// `kubectl apply --dry-run=server -n NS -f -` of `yaml`: (success, stdout, stderr).
 fn dry_run(ns: &str, args: &[&str], yaml: Option<&str>) -> (bool, String, String) {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig")
         .arg(kubeconfig())
         .args(["apply", "--dry-run=server", "-n", ns])
-        .args(args)
-        .stdin(if yaml.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed");
-    if let Some(y) = yaml {
-        child.stdin.take().unwrap().write_all(y.as_bytes()).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+        .args(args);
+    let out = match yaml {
+        Some(y) => output_with_stdin(&mut cmd, y.as_bytes()),
+        None => cmd.stdin(Stdio::null()).output().expect("kubectl is installed"),
+    };
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -29,29 +29,12 @@ struct Kubectl {
 }
 
 fn kubectl_full(args: &[&str], stdin: Option<&str>) -> Kubectl {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(kubeconfig()).args(args);
+    let out = match stdin {
+        Some(input) => output_with_stdin(&mut cmd, input.as_bytes()),
+        None => cmd.stdin(Stdio::null()).output().expect("kubectl is installed"),
+    };
     Kubectl {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
