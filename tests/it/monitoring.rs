@@ -445,7 +445,10 @@ fn dry_run(ns: &str, args: &[&str], yaml: Option<&str>) -> (bool, String, String
         .args(args);
     let out = match yaml {
         Some(y) => output_with_stdin(&mut cmd, y.as_bytes()),
-        None => cmd.stdin(Stdio::null()).output().expect("kubectl is installed"),
+        None => cmd
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl is installed"),
     };
     (
         out.status.success(),

@@ -33,7 +33,10 @@ fn kubectl_full(args: &[&str], stdin: Option<&str>) -> Kubectl {
     cmd.arg("--kubeconfig").arg(kubeconfig()).args(args);
     let out = match stdin {
         Some(input) => output_with_stdin(&mut cmd, input.as_bytes()),
-        None => cmd.stdin(Stdio::null()).output().expect("kubectl is installed"),
+        None => cmd
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl is installed"),
     };
     Kubectl {
         ok: out.status.success(),
