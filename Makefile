@@ -13,7 +13,7 @@ tested = set -o pipefail; mkdir -p target; $(1) 2>&1 | tee target/$(2); rc=$$?; 
 	grep '^SKIPPED ' target/$(2); echo "skipped: $$(grep -c '^SKIPPED ' target/$(2))"; \
 	if [ $$rc -ne 0 ]; then echo "why each test failed:"; grep -A3 '^thread .* panicked at' target/$(2) | cut -c1-400; fi; exit $$rc
 
-.PHONY: docs all build release portable monitoring test test-newest test-k8s-previous test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
+.PHONY: docs all build release portable portable-arm64 test-arm64 monitoring test test-newest test-k8s-previous test-stress deps control-plane down demo lint clean rootfs image node node-down node-smoke node-examples bench bench-docs
 
 # The control plane of the node that tests/it/node_examples.rs starts: its own, since
 # on the shared one the node's scheduler and kubelet would take the other tests' pods.
@@ -22,23 +22,45 @@ NODE_CONTROL_PLANE := $(CURDIR)/target/control-plane-node
 # The portable binary: linked against glibc 2.17 (the manylinux2014 baseline) by
 # cargo-zigbuild, so that it starts in any glibc training image, where
 # `trainlet init --install-to` copies it. The image ships it (docker/Dockerfile says why).
+# The aarch64 one is built the same way, for Grace (GH200, GB200) and other arm64 nodes.
+# Both are built in a target directory of their own outside the clone, kept between
+# clones like the Go control plane (a cold fat-LTO build takes about 9 minutes on 2
+# cores, and a fresh clone then rebuilds only trainlet itself), and copied to the usual
+# place below target/.
 PORTABLE_TARGET := x86_64-unknown-linux-gnu
+PORTABLE_ARM64_TARGET := aarch64-unknown-linux-gnu
+PORTABLE_BUILD_DIR ?= $(HOME)/.cache/trainlet/cargo-portable
 PORTABLE := $(or $(CARGO_TARGET_DIR),target)/$(PORTABLE_TARGET)/release/trainlet
+PORTABLE_ARM64 := $(or $(CARGO_TARGET_DIR),target)/$(PORTABLE_ARM64_TARGET)/release/trainlet
+# How the QEMU tests run the aarch64 binary: user-mode emulation, its loader and glibc
+# from Debian's cross packages (.ci/deps installs qemu-user and libc6-arm64-cross).
+QEMU_ARM64 := qemu-aarch64 -L /usr/aarch64-linux-gnu
 
 all: build
 
 build:
 	$(CARGO) build
 
-release:
-	$(CARGO) build --release
+## target/release-artifacts/: both binaries as tarballs, one OCI image index of
+## linux/amd64 and linux/arm64 (an OCI archive, and a docker-archive per platform),
+## install.yaml pinned by the index's digest, a CycloneDX SBOM, SHA256SUMS; reproducible
+## (docker/release.sh says what each is for).
+release: portable portable-arm64
+	@docker/release.sh $(PORTABLE) $(PORTABLE_ARM64)
 
 ## target/x86_64-unknown-linux-gnu/release/trainlet, needing glibc 2.17 at most (cold: about
 ## 9 minutes on 2 cores; then only what changed). cargo-zigbuild and Zig come from PyPI
 ## (.ci/deps installs the versions in docker/zigbuild-requirements.txt).
 portable:
-	@command -v cargo-zigbuild >/dev/null || { echo "portable: no cargo-zigbuild on PATH; run .ci/deps (pip install --require-hashes -r docker/zigbuild-requirements.txt)" >&2; exit 1; }
-	$(CARGO) zigbuild --release --locked --bin trainlet --target $(PORTABLE_TARGET).2.17
+	@$(call portable_build,$(PORTABLE_TARGET),$(PORTABLE))
+
+## target/aarch64-unknown-linux-gnu/release/trainlet, the same for arm64 nodes.
+portable-arm64:
+	@$(call portable_build,$(PORTABLE_ARM64_TARGET),$(PORTABLE_ARM64))
+
+portable_build = command -v cargo-zigbuild >/dev/null || { echo "portable: no cargo-zigbuild on PATH; run .ci/deps (pip install --require-hashes -r docker/zigbuild-requirements.txt)" >&2; exit 1; }; \
+	CARGO_TARGET_DIR=$(PORTABLE_BUILD_DIR) $(CARGO) zigbuild --release --locked --bin trainlet --target $(1).2.17 && \
+	install -D -m 0755 $(PORTABLE_BUILD_DIR)/$(1)/release/trainlet $(2)
 
 ## manifests/monitoring/prometheusrule.yaml from manifests/monitoring/rules/trainlet.rules.yaml
 ## (a test fails while the committed file differs).
@@ -75,18 +97,20 @@ node-smoke:
 
 ## Every test, on the newest Kubernetes (tests/control-plane/versions); then the tests
 ## whose outcome depends on the version again on the previous one (test-k8s-previous).
-## The image archive first: the node tests (tests/it/node_examples.rs) run trainlet's
-## containers from it, as shipped; it holds the portable binary, which tests/it/glibc.rs
-## checks. Each run ends with the count of skipped tests.
+## The image archive and the release first: the node tests (tests/it/node_examples.rs)
+## run trainlet's containers from the archive, as shipped; it holds the portable binary,
+## which tests/it/glibc.rs checks, and tests/it/release.rs checks the release. Each run
+## ends with the count of skipped tests.
 test: test-newest test-k8s-previous
 
 # Two lanes side by side, each run whatever the other's outcome, after one build of
 # every test: the launcher corpus on the real node (node_launchers, eight jobs of three
 # to five minutes each, node_where's hanging DDP job, and the examples), the longest;
 # and, one pass after the other, the unit tests and the played tests (no node),
-# PLAYED_THREADS at a time, since they mostly wait on the API server and on timers,
-# the cgroup v2 machine's (slow: it is emulated) and the other node tests (the admission
-# policy's among them). The node tests run one at a time in each lane, since their
+# PLAYED_THREADS at a time, since they mostly wait on the API server and on timers
+# (the release's tests among them: `make release` comes first), the aarch64 binary's
+# subset under QEMU, the cgroup v2 machine's (slow: it is emulated) and the other node
+# tests (the admission policy's among them). The node tests run one at a time in each lane, since their
 # pods' frameworks start on the same cores; two lanes keep two corpus jobs from
 # starting at once and leave no core idle at the end. The corpus lane's output follows
 # the other's, whole, and where each failed test panicked ends the output.
@@ -94,16 +118,31 @@ PLAYED_THREADS ?= 4
 NODE_CORPUS := node_launchers:: node_where:: node_examples::
 NODE_OTHERS := node_ --skip node_launchers:: --skip node_where:: --skip node_examples:: --skip node_two:: --skip node_cgroup2::
 
-test-newest: deps control-plane image
+# The aarch64 binary's subset, run under QEMU (TRAINLET_TEST_BINARY, docs/development.md):
+# init resolving a job, exec's stall watch restarting a stalled rank's pods, exec's
+# Kubeflow endpoint, and the sidecar's /metrics scraped by Prometheus.
+ARM64_TESTS := init::tensorflow_parity_name_order_selector_order_and_not_running \
+	stall::a_stalled_rank_restarts_every_pods_command_once \
+	kubeflow::the_kubeflow_sdks_report_is_progress_and_published \
+	report_oom::sidecar_counts_an_oomkilled_restart_and_prometheus_sees_it
+
+test-newest: deps control-plane image release
 	@$(CARGO) test --no-run 2>&1 | tail -n 1; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- $(NODE_CORPUS) --test-threads 1,test-launchers.log) ) >target/test-launchers.out 2>&1 & lane=$$!; \
 	( $(call tested,$(CARGO) test --no-fail-fast -- --skip node_ --test-threads $(PLAYED_THREADS),test.log) ); played=$$?; \
+	( $(call tested,$(ARM64_TEST_COMMAND),test-arm64.log) ); arm64=$$?; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- node_two:: node_cgroup2:: --test-threads 1,test-vm.log) ); vm=$$?; \
 	( $(call tested,$(CARGO) test --test it --no-fail-fast -- $(NODE_OTHERS) --test-threads 1,test-node.log) ); node=$$?; \
 	wait $$lane; launchers=$$?; cat target/test-launchers.out; \
-	rc=$$(( played | vm | node | launchers )); if [ $$rc -ne 0 ]; then echo "why each test failed, in every pass:"; \
-	grep -h -A3 '^thread .* panicked at' target/test.log target/test-vm.log target/test-node.log target/test-launchers.log | cut -c1-400; fi; \
+	rc=$$(( played | arm64 | vm | node | launchers )); if [ $$rc -ne 0 ]; then echo "why each test failed, in every pass:"; \
+	grep -h -A3 '^thread .* panicked at' target/test.log target/test-arm64.log target/test-vm.log target/test-node.log target/test-launchers.log | cut -c1-400; fi; \
 	exit $$rc
+
+ARM64_TEST_COMMAND = TRAINLET_TEST_BINARY="$(QEMU_ARM64) $(PORTABLE_ARM64)" $(CARGO) test --test it --no-fail-fast -- $(ARM64_TESTS)
+
+## The aarch64 binary's subset of the integration tests, under QEMU's user-mode emulation.
+test-arm64: deps control-plane portable-arm64
+	@$(call tested,$(ARM64_TEST_COMMAND),test-arm64.log)
 
 # What changed between the two versions: native sidecars (on by default since 1.29),
 # the guard policy (ValidatingAdmissionPolicy), WatchList (sendInitialEvents) and the

@@ -16,8 +16,14 @@
 # - The one layer and the config carry fixed times, so the same binary gives the same
 #   image digest and the same archive bytes.
 #
-# Usage: docker/image.sh [BINARY]   (default: target/release/trainlet; `make image`
-# builds it first). Prints the archive's path as its last line.
+# The image's platform is the binary's: linux/amd64 for an x86_64 binary, linux/arm64 for
+# an aarch64 one (docker/rootfs.sh takes its glibc from Debian's cross packages).
+#
+# Usage: docker/image.sh [BINARY [OUT.tar]]   (default: target/release/trainlet, written
+# to target/image/trainlet-<version>.tar; `make image` builds the portable binary first).
+# With TRAINLET_OCI_LAYOUT=DIR, the image's OCI layout is kept there too (tag <version>;
+# docker/release.sh joins the platforms' into one index). Prints the archive's path as
+# its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -88,6 +94,14 @@ version=${opts[0]}
 opts=("${opts[@]:1}")
 name=ghcr.io/trainlet/trainlet:$version
 
-step "filesystem of $bin (docker/rootfs.sh)"
-rootfs=$(TRAINLET_ROOTFS_DIR=$out/rootfs docker/rootfs.sh "$bin" | tail -n 1)
-docker/mkimage.sh "$rootfs" "$name" "$out/trainlet-$version.tar" "${opts[@]}" | tail -n 1
+archive=${2:-$out/trainlet-$version.tar}
+case "$(readelf -h "$bin" | awk -F: '/Machine:/{print $2}')" in
+*AArch64) arch=arm64 ;;
+*X86-64) arch=amd64 ;;
+*) fail platform "$bin is neither an x86_64 nor an aarch64 binary" ;;
+esac
+
+step "filesystem of $bin (docker/rootfs.sh), linux/$arch"
+rootfs=$(TRAINLET_ROOTFS_DIR=$out/rootfs-$arch docker/rootfs.sh "$bin" | tail -n 1)
+MKIMAGE_OCI_LAYOUT=${TRAINLET_OCI_LAYOUT:-} MKIMAGE_TAG=$version \
+	docker/mkimage.sh "$rootfs" "$name" "$archive" --os=linux --architecture="$arch" "${opts[@]}" | tail -n 1

@@ -15,6 +15,9 @@
 # history entry's are fixed at the Unix epoch (the same as the rootfs tarball's mtimes),
 # and skopeo writes the archive's members in a fixed order with mtime 0.
 #
+# With MKIMAGE_OCI_LAYOUT=DIR, the OCI image layout is kept in DIR as well, the image
+# tagged MKIMAGE_TAG (default: NAME's tag) there.
+#
 # Usage: docker/mkimage.sh ROOTFS.tar NAME:TAG OUT.tar [umoci config options...]
 #   e.g. docker/mkimage.sh rootfs.tar example.test/x:1 x.tar --config.entrypoint /x
 # Prints the image's digests on stderr and OUT.tar as its last line.
@@ -61,6 +64,17 @@ step "building $name from $rootfs"
 skopeo copy --quiet "oci:$layout:image" "docker-archive:$work/image.tar:$name" >"$work/skopeo.log" 2>&1 ||
 	fail skopeo "$(tail -n 3 "$work/skopeo.log" | tr '\n' ' ')"
 mv -f "$work/image.tar" "$out"
+
+if [ -n "${MKIMAGE_OCI_LAYOUT:-}" ]; then
+	# The same manifest, config and layer blobs, under the tag asked for.
+	rm -rf "$MKIMAGE_OCI_LAYOUT"
+	mkdir -p "$(dirname "$MKIMAGE_OCI_LAYOUT")"
+	cp -r "$layout" "$MKIMAGE_OCI_LAYOUT"
+	{
+		umoci tag --image "$MKIMAGE_OCI_LAYOUT:image" "${MKIMAGE_TAG:-${name##*:}}"
+		umoci rm --image "$MKIMAGE_OCI_LAYOUT:image"
+	} >"$work/umoci.log" 2>&1 || fail layout "$(tail -n 3 "$work/umoci.log" | tr '\n' ' ')"
+fi
 
 manifest=$(skopeo inspect --raw "oci:$layout:image" | sha256sum | cut -d' ' -f1)
 config=$(skopeo inspect --config --raw "oci:$layout:image" | sha256sum | cut -d' ' -f1)

@@ -22,24 +22,37 @@ use crate::support::*;
 
 /// The portable binary in this build's target directory (beside the `debug/` that holds
 /// the test's own binary), if `make portable` has built it (group `portable`).
-fn portable() -> Result<PathBuf, Missing> {
+pub(crate) fn portable() -> Result<PathBuf, Missing> {
+    portable_for("x86_64-unknown-linux-gnu", "make portable")
+}
+
+/// The aarch64 one, if `make portable-arm64` has built it.
+pub(crate) fn portable_arm64() -> Result<PathBuf, Missing> {
+    portable_for("aarch64-unknown-linux-gnu", "make portable-arm64")
+}
+
+fn portable_for(triple: &str, make: &str) -> Result<PathBuf, Missing> {
     let target = Path::new(env!("CARGO_BIN_EXE_trainlet"))
         .parent()
         .and_then(Path::parent)
         .expect("the target directory");
-    let bin = target.join("x86_64-unknown-linux-gnu/release/trainlet");
+    let bin = target.join(triple).join("release/trainlet");
     if bin.is_file() {
         Ok(bin)
     } else {
         Err(Missing::new(
             Group::Portable,
             format!(
-                "no portable binary at {} (run `make portable`; `make test` does)",
+                "no portable binary at {} (run `{make}`; `make test` does)",
                 bin.display()
             ),
         ))
     }
 }
+
+/// The aarch64 glibc that QEMU's user-mode emulation runs an arm64 binary on here
+/// (`qemu-aarch64 -L`): Debian's cross packages, which `.ci/deps` installs.
+pub(crate) const ARM64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
 fn tool(cmd: &str, args: &[&str], file: &Path) -> String {
     let out = Command::new(cmd)
@@ -106,6 +119,38 @@ fn the_portable_binary_needs_glibc_2_17_at_most() {
     // asks for a newer glibc.
     let host = newest_glibc(Path::new(env!("CARGO_BIN_EXE_trainlet")));
     assert!(host > vec![2, 17], "{host:?}");
+}
+
+/// The same for arm64 (Grace: GH200, GB200): glibc 2.17 at most (the oldest aarch64
+/// distributions have it), glibc's own libraries, aarch64's standard loader, and it runs
+/// under QEMU's user-mode emulation on that glibc.
+#[test]
+fn the_arm64_portable_binary_needs_glibc_2_17_at_most_and_runs() {
+    let bin = require!(portable_arm64());
+    require!(on_path(
+        Group::Deps,
+        "qemu-aarch64",
+        "Debian package qemu-user"
+    ));
+    assert!(tool("readelf", &["-h"], &bin).contains("AArch64"));
+    assert!(newest_glibc(&bin) <= vec![2, 17], "{}", bin.display());
+    assert_eq!(needed(&bin), ["libc.so.6", "libpthread.so.0", "libdl.so.2"]);
+    assert!(
+        tool("readelf", &["-l"], &bin)
+            .contains("[Requesting program interpreter: /lib/ld-linux-aarch64.so.1]")
+    );
+    let version = Command::new("qemu-aarch64")
+        .args(["-L", ARM64_SYSROOT])
+        .arg(&bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout),
+        format!("trainlet {}\n", env!("CARGO_PKG_VERSION")),
+        "{}",
+        String::from_utf8_lossy(&version.stderr)
+    );
 }
 
 /// A fake NVML that links what the driver's libnvidia-ml.so.1 links, in its order

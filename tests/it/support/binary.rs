@@ -8,10 +8,25 @@ use kube::Client;
 
 use super::pods::pod;
 
-/// The built trainlet binary, with a clean environment: no TRAINLET_* or downward API
-/// variables leak in from the developer's shell.
+/// How the tests run trainlet instead of the binary cargo built for them: a command line,
+/// split at whitespace, whose last word is the binary. `make test` sets it to run the
+/// aarch64 portable binary under QEMU's user-mode emulation for a subset of the tests
+/// (`qemu-aarch64 -L /usr/aarch64-linux-gnu target/aarch64-unknown-linux-gnu/release/trainlet`).
+pub const TEST_BINARY_VAR: &str = "TRAINLET_TEST_BINARY";
+
+/// The built trainlet binary (or the one `TRAINLET_TEST_BINARY` names), with a clean
+/// environment: no TRAINLET_* or downward API variables leak in from the developer's
+/// shell.
 pub fn trainlet() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainlet"));
+    let mut cmd = match std::env::var(TEST_BINARY_VAR) {
+        Ok(line) if !line.trim().is_empty() => {
+            let mut words = line.split_whitespace();
+            let mut cmd = Command::new(words.next().unwrap());
+            cmd.args(words);
+            cmd
+        }
+        _ => Command::new(env!("CARGO_BIN_EXE_trainlet")),
+    };
     for (k, _) in std::env::vars() {
         if k.starts_with("TRAINLET_")
             || k.starts_with("POD_")
