@@ -65,22 +65,24 @@ fn helm_lint_finds_nothing() {
     );
 }
 
-/// One source of truth: the chart with its defaults renders exactly the objects of
-/// manifests/ (trainlet's RBAC in the namespace `default`, the guard, the admission
-/// policy with its parameter object).
-#[test]
-fn the_chart_with_its_defaults_is_manifests() {
-    let kc = kubeconfig();
-    let rendered = ok(helm().args(["template", "trainlet"]).arg(chart()));
+/// The objects of manifests/ as the chart's defaults install them: trainlet's RBAC in
+/// the namespace `default`, the guard, the admission policy with its parameter object;
+/// sorted.
+fn manifests_objects(kc: &Path) -> Vec<Value> {
     let read = |p: &str| std::fs::read_to_string(repo().join(p)).unwrap();
     let rbac: Vec<Value> = objects(kc, &read("manifests/rbac.yaml"))
         .into_iter()
         .map(|mut o| {
             o["metadata"]["namespace"] = json!("default");
+            if let Some(subjects) = o.get_mut("subjects").and_then(Value::as_array_mut) {
+                for s in subjects {
+                    s["namespace"] = json!("default");
+                }
+            }
             o
         })
         .collect();
-    let mut want: Vec<Value> = [
+    let mut all: Vec<Value> = [
         "manifests/guard/own-pod-only.yaml",
         "manifests/admission/policy.yaml",
     ]
@@ -88,10 +90,46 @@ fn the_chart_with_its_defaults_is_manifests() {
     .flat_map(|p| objects(kc, &read(p)))
     .chain(rbac)
     .collect();
+    all.sort_by_key(|o| o.to_string());
+    all
+}
+
+/// One source of truth: the chart with its defaults renders exactly the objects of
+/// manifests/ (trainlet's RBAC in the namespace `default`, the guard, the admission
+/// policy with its parameter object).
+#[test]
+fn the_chart_with_its_defaults_is_manifests() {
+    let kc = kubeconfig();
+    let rendered = ok(helm().args(["template", "trainlet"]).arg(chart()));
+    assert_eq!(objects(kc, &rendered), manifests_objects(kc));
+}
+
+/// The release's install.yaml (`make release`) is the same objects, the image pinned by
+/// the release's digest the one difference.
+#[test]
+fn the_releases_install_yaml_is_manifests_with_the_pinned_image() {
+    let dir = require!(crate::release::artifacts());
+    let kc = kubeconfig();
+    let install = objects(
+        kc,
+        &std::fs::read_to_string(dir.join("install.yaml")).unwrap(),
+    );
+    let image = install
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .and_then(|o| o["data"]["image"].as_str())
+        .expect("the parameter object's image");
+    assert!(
+        image.starts_with("ghcr.io/trainlet/trainlet@sha256:"),
+        "{image}"
+    );
+    let mut want = manifests_objects(kc);
+    for o in want.iter_mut().filter(|o| o["kind"] == "ConfigMap") {
+        assert_eq!(o["data"]["image"], "ghcr.io/trainlet/trainlet:0.1.0");
+        o["data"]["image"] = json!(image);
+    }
     want.sort_by_key(|o| o.to_string());
-    let mut got = objects(kc, &rendered);
-    got.sort_by_key(|o| o.to_string());
-    assert_eq!(got, want);
+    assert_eq!(install, want);
 }
 
 /// Helm takes over what `kubectl apply -k manifests/admission/` made (the ownership

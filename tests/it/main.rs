@@ -69,6 +69,7 @@ mod peer_watch;
 mod preflight;
 mod preflight_hostile;
 mod readme;
+mod release;
 mod report_gpu;
 mod report_handover;
 mod report_lifecycle;
