@@ -91,6 +91,26 @@ pub(crate) async fn install_unguarded(kc: &Path, ns: &str) {
     .await;
 }
 
+/// `kubectl create --dry-run=server` of `pod`: the images of its init containers (none
+/// when it was not injected) and kubectl's stderr (the API server's warnings); or, when
+/// the API server refused it (as while a policy is being loaded), why.
+pub(crate) fn init_images(
+    kc: &Path,
+    ns: &str,
+    pod: &Value,
+) -> Result<(Vec<String>, String), String> {
+    let out = create_dry_run(kc, ns, pod, "json");
+    let stderr = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    let created: Value = serde_json::from_slice(&out.stdout).map_err(|_| stderr.clone())?;
+    let images = created["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["image"].as_str().unwrap_or_default().to_string())
+        .collect();
+    Ok((images, stderr))
+}
+
 /// A container as Pod Security `restricted` wants it.
 pub(crate) fn container(name: &str, command: Value) -> Value {
     json!({

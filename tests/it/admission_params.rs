@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::admission::{PARAMS, container, create_dry_run, install_unguarded, labelled};
+use crate::admission::{PARAMS, container, init_images, install_unguarded, labelled};
 use crate::support::*;
 
 const OBJECT: [&str; 4] = ["-n", "trainlet-system", "configmap", "trainlet-inject"];
@@ -28,17 +28,7 @@ impl Drop for Shipped {
 /// when it was not injected), and what kubectl printed on stderr (the API server's
 /// warnings). A refusal fails the test.
 fn admitted(kc: &Path, ns: &str, pod: &Value) -> (Vec<String>, String) {
-    let out = create_dry_run(kc, ns, pod, "json");
-    let stderr = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
-    assert!(out.status.success(), "refused:\n{stderr}");
-    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let images = created["spec"]["initContainers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| c["image"].as_str().unwrap_or_default().to_string())
-        .collect();
-    (images, stderr)
+    init_images(kc, ns, pod).unwrap_or_else(|stderr| panic!("refused:\n{stderr}"))
 }
 
 fn patch_data(kc: &Path, data: Value) {

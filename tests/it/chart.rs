@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::admission::{PARAMS, container, create_dry_run, install_unguarded, labelled};
+use crate::admission::{PARAMS, container, init_images, install_unguarded, labelled};
 use crate::admission_params::Shipped;
 use crate::support::*;
 
@@ -217,13 +217,7 @@ async fn helm_install_sets_the_image_in_one_value_and_a_labelled_pod_gets_it() {
         json!([container("main", json!(["python", "train.py"]))]),
     );
     eventually("the chart's image", Duration::from_secs(30), || async {
-        let out = create_dry_run(kc, &ns, &pod, "json");
-        let created: Value = serde_json::from_slice(&out.stdout).ok()?;
-        let images: Vec<&str> = created["spec"]["initContainers"]
-            .as_array()?
-            .iter()
-            .filter_map(|c| c["image"].as_str())
-            .collect();
+        let (images, _) = init_images(kc, &ns, &pod).ok()?;
         (images == [image, image]).then_some(())
     })
     .await;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::admission::{container, create_dry_run, labelled};
+use crate::admission::{container, init_images, labelled};
 use crate::glibc::{portable, portable_arm64};
 use crate::support::*;
 
@@ -377,24 +377,13 @@ async fn install_yaml_applies_and_injects_the_pinned_image_in_a_restricted_names
         json!([container("main", json!(["python", "train.py"]))]),
     );
     let injected = |image: String| {
-        let pod = &pod;
-        let ns = &ns;
+        let (pod, ns) = (&pod, &ns);
         async move {
-            eventually(
-                &format!("the image {image}"),
-                Duration::from_secs(60),
-                || async {
-                    let out = create_dry_run(kc, ns, pod, "json");
-                    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-                    let created: Value = serde_json::from_slice(&out.stdout).ok()?;
-                    let images: Vec<&str> = created["spec"]["initContainers"]
-                        .as_array()?
-                        .iter()
-                        .filter_map(|c| c["image"].as_str())
-                        .collect();
-                    (images == [image.as_str(), image.as_str()]).then(|| assert_eq!(stderr, ""))
-                },
-            )
+            let what = format!("the image {image}");
+            eventually(&what, Duration::from_secs(60), || async {
+                let (images, warnings) = init_images(kc, ns, pod).ok()?;
+                (images == [image.as_str(), image.as_str()]).then(|| assert_eq!(warnings, ""))
+            })
             .await
         }
     };
