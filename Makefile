@@ -54,13 +54,15 @@ release: portable portable-arm64
 portable:
 	@$(call portable_build,$(PORTABLE_TARGET),$(PORTABLE))
 
-## target/aarch64-unknown-linux-gnu/release/trainlet, the same for arm64 nodes.
+## target/aarch64-unknown-linux-gnu/release/trainlet, the same for arm64 nodes. (Each is
+## copied only when it changed: a test's `make release` leaves alone the binary that
+## other tests run.)
 portable-arm64:
 	@$(call portable_build,$(PORTABLE_ARM64_TARGET),$(PORTABLE_ARM64))
 
 portable_build = command -v cargo-zigbuild >/dev/null || { echo "portable: no cargo-zigbuild on PATH; run .ci/deps (pip install --require-hashes -r docker/zigbuild-requirements.txt)" >&2; exit 1; }; \
 	CARGO_TARGET_DIR=$(PORTABLE_BUILD_DIR) $(CARGO) zigbuild --release --locked --bin trainlet --target $(1).2.17 && \
-	install -D -m 0755 $(PORTABLE_BUILD_DIR)/$(1)/release/trainlet $(2)
+	{ cmp -s $(PORTABLE_BUILD_DIR)/$(1)/release/trainlet $(2) || install -D -m 0755 $(PORTABLE_BUILD_DIR)/$(1)/release/trainlet $(2); }
 
 ## manifests/monitoring/prometheusrule.yaml from manifests/monitoring/rules/trainlet.rules.yaml
 ## (a test fails while the committed file differs).
