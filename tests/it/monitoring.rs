@@ -443,13 +443,8 @@ fn dry_run(ns: &str, args: &[&str], yaml: Option<&str>) -> (bool, String, String
         .arg(kubeconfig())
         .args(["apply", "--dry-run=server", "-n", ns])
         .args(args);
-    let out = match yaml {
-        Some(y) => output_with_stdin(&mut cmd, y.as_bytes()),
-        None => cmd
-            .stdin(Stdio::null())
-            .output()
-            .expect("kubectl is installed"),
-    };
+    // Without input, an empty stdin: kubectl reads it only for `-f -`.
+    let out = output_with_stdin(&mut cmd, yaml.unwrap_or_default().as_bytes());
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

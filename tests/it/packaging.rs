@@ -31,13 +31,8 @@ struct Kubectl {
 fn kubectl_full(args: &[&str], stdin: Option<&str>) -> Kubectl {
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig").arg(kubeconfig()).args(args);
-    let out = match stdin {
-        Some(input) => output_with_stdin(&mut cmd, input.as_bytes()),
-        None => cmd
-            .stdin(Stdio::null())
-            .output()
-            .expect("kubectl is installed"),
-    };
+    // Without input, an empty stdin: kubectl reads it only for `-f -`.
+    let out = output_with_stdin(&mut cmd, stdin.unwrap_or_default().as_bytes());
     Kubectl {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
