@@ -16,8 +16,8 @@
 #   install.yaml
 #       the Helm chart's defaults, the objects of manifests/ (the RBAC, the guard, the
 #       admission policy and its parameter object), the image pinned by the index's digest;
-#   trainlet-<v>.cdx.json
-#       the CycloneDX SBOM of the Rust dependencies (cargo-cyclonedx);
+#   trainlet-<v>-linux-amd64.cdx.json, trainlet-<v>-linux-arm64.cdx.json
+#       the CycloneDX SBOM of each binary's Rust dependencies (cargo-cyclonedx);
 #   SHA256SUMS
 #       of all the above, for `sha256sum -c`.
 #
@@ -140,14 +140,17 @@ helm=$(tests/helm/build 2>"$work/helm.log") || fail helm "$(tail -n 3 "$work/hel
 	cat "$work/install.yaml"
 } >"$out/install.yaml"
 
-step "SBOM (cargo-cyclonedx)"
-# The dependencies of x86_64 Linux, which are aarch64 Linux's too (no crate in Cargo.lock
-# depends on the CPU). cargo-cyclonedx writes beside Cargo.toml, under a name of its own.
+# One SBOM a platform: the two depend on different crates (core_detect is x86_64's
+# alone). cargo-cyclonedx writes beside Cargo.toml, under a name of its own.
+declare -A triples=([amd64]=x86_64-unknown-linux-gnu [arm64]=aarch64-unknown-linux-gnu)
 sbom=trainlet-release-sbom
 trap 'rm -rf "$work" "$sbom.json"' EXIT
-cargo cyclonedx --format json --spec-version 1.5 --override-filename "$sbom" \
-	--target x86_64-unknown-linux-gnu >"$work/cyclonedx.log" 2>&1 || fail sbom "$(tail -n 3 "$work/cyclonedx.log" | tr '\n' ' ')"
-python3 - "$sbom.json" "$out/trainlet-$version.cdx.json" <<'EOF' || fail sbom "could not make the SBOM reproducible"
+for arch in amd64 arm64; do
+	step "linux/$arch: SBOM (cargo-cyclonedx)"
+	cargo cyclonedx --format json --spec-version 1.5 --override-filename "$sbom" \
+		--target "${triples[$arch]}" >"$work/cyclonedx.log" 2>&1 ||
+		fail sbom "$(tail -n 3 "$work/cyclonedx.log" | tr '\n' ' ')"
+	python3 - "$sbom.json" "$out/trainlet-$version-linux-$arch.cdx.json" <<'EOF' ||
 import json, os, sys
 
 src, dest = sys.argv[1], sys.argv[2]
@@ -159,6 +162,8 @@ with open(dest, "w") as f:
     json.dump(bom, f, indent=2, sort_keys=True)
     f.write("\n")
 EOF
+		fail sbom "could not make the SBOM reproducible"
+done
 
 (cd "$out" && sha256sum -- *.tar.gz *.tar install.yaml *.cdx.json >SHA256SUMS)
 step "$(wc -l <"$out/SHA256SUMS") artifacts in $out"

@@ -246,25 +246,27 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
     assert_eq!(params["metadata"]["name"].as_str(), Some("trainlet-inject"));
     assert_eq!(params["data"]["image"].as_str(), Some(pinned.as_str()));
 
-    // The SBOM: CycloneDX, naming trainlet and the crates of the design card.
-    let sbom = json_file(&dir.join(format!("trainlet-{v}.cdx.json")));
-    assert_eq!(sbom["bomFormat"], "CycloneDX");
-    assert_eq!(sbom["metadata"]["component"]["name"], "trainlet");
-    let crates: Vec<&str> = sbom["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    for name in [
-        "tokio",
-        "kube",
-        "k8s-openapi",
-        "nvml-wrapper",
-        "hyper",
-        "serde_json",
-    ] {
-        assert!(crates.contains(&name), "{name} in the SBOM: {crates:?}");
+    // Each platform's SBOM: CycloneDX, naming trainlet and the crates of the design card.
+    for arch in ["amd64", "arm64"] {
+        let sbom = json_file(&dir.join(format!("trainlet-{v}-linux-{arch}.cdx.json")));
+        assert_eq!(sbom["bomFormat"], "CycloneDX", "{arch}");
+        assert_eq!(sbom["metadata"]["component"]["name"], "trainlet", "{arch}");
+        let crates: Vec<&str> = sbom["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        for name in [
+            "tokio",
+            "kube",
+            "k8s-openapi",
+            "nvml-wrapper",
+            "hyper",
+            "serde_json",
+        ] {
+            assert!(crates.contains(&name), "{name} in the {arch} SBOM: {crates:?}");
+        }
     }
 }
 
@@ -302,7 +304,7 @@ fn two_releases_of_the_same_binaries_are_the_same_bytes() {
         std::fs::read_to_string(out.join("SHA256SUMS")).unwrap()
     };
     let first = release("first");
-    assert_eq!(first.lines().count(), 7, "{first}");
+    assert_eq!(first.lines().count(), 8, "{first}");
     assert_eq!(release("second"), first);
 }
 
