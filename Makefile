@@ -112,9 +112,9 @@ test: test-newest test-k8s-previous
 # PLAYED_THREADS at a time, since they mostly wait on the API server and on timers
 # (the release's tests among them: `make release` comes first), the aarch64 binary's
 # subset under QEMU, the cgroup v2 machine's (slow: it is emulated) and the other node
-# tests (the admission policy's among them). The node tests run one at a time in each lane, since their
-# pods' frameworks start on the same cores; two lanes keep two corpus jobs from
-# starting at once and leave no core idle at the end. The corpus lane's output follows
+# tests (the admission policy's among them). The node tests run one at a time in each
+# lane, since their pods' frameworks start on the same cores; two lanes keep two corpus
+# jobs from starting at once and leave no core idle at the end. The corpus lane's output follows
 # the other's, whole, and where each failed test panicked ends the output.
 PLAYED_THREADS ?= 4
 NODE_CORPUS := node_launchers:: node_where:: node_examples::

@@ -37,18 +37,6 @@ fn chart() -> PathBuf {
     repo().join("charts/trainlet")
 }
 
-/// Runs `cmd`, which must succeed; its stdout.
-fn ok(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The objects of a YAML stream, as kubectl reads them, in one order.
 fn objects(kc: &Path, yaml: &str) -> Vec<Value> {
     let mut items = all_as_json(kc, yaml);
@@ -58,7 +46,7 @@ fn objects(kc: &Path, yaml: &str) -> Vec<Value> {
 
 #[test]
 fn helm_lint_finds_nothing() {
-    let out = ok(helm().args(["lint", "--strict"]).arg(chart()));
+    let out = stdout_of(helm().args(["lint", "--strict"]).arg(chart()));
     assert!(
         out.contains("1 chart(s) linted, 0 chart(s) failed"),
         "{out}"
@@ -100,7 +88,7 @@ fn manifests_objects(kc: &Path) -> Vec<Value> {
 #[test]
 fn the_chart_with_its_defaults_is_manifests() {
     let kc = kubeconfig();
-    let rendered = ok(helm().args(["template", "trainlet"]).arg(chart()));
+    let rendered = stdout_of(helm().args(["template", "trainlet"]).arg(chart()));
     assert_eq!(objects(kc, &rendered), manifests_objects(kc));
 }
 
@@ -192,22 +180,24 @@ async fn helm_install_sets_the_image_in_one_value_and_a_labelled_pod_gets_it() {
     let _shipped = Shipped(kc);
     adopt(kc, "trainlet", &ns);
     let image = "registry.example.test/helm/trainlet:0.1.0";
-    ok(helm()
-        .arg("install")
-        .arg("trainlet")
-        .arg(chart())
-        .arg("--kubeconfig")
-        .arg(kc)
-        .args([
-            "-n",
-            &ns,
-            "--set",
-            &format!("image={image}"),
-            "--set",
-            &format!("namespaces={{{ns}}}"),
-            "--set",
-            "guard.enabled=false",
-        ]));
+    stdout_of(
+        helm()
+            .arg("install")
+            .arg("trainlet")
+            .arg(chart())
+            .arg("--kubeconfig")
+            .arg(kc)
+            .args([
+                "-n",
+                &ns,
+                "--set",
+                &format!("image={image}"),
+                "--set",
+                &format!("namespaces={{{ns}}}"),
+                "--set",
+                "guard.enabled=false",
+            ]),
+    );
     for object in ["serviceaccount", "role", "rolebinding"] {
         kubectl_on(kc, &["get", "-n", &ns, object, "trainlet"]);
     }

@@ -38,19 +38,6 @@ pub(crate) fn artifacts() -> Result<PathBuf, Missing> {
     }
 }
 
-/// Runs a tool to success, returning its stdout.
-fn ok_output(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (.ci/deps installs it)"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn json_file(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -74,14 +61,14 @@ fn index_digest(layout: &Path) -> String {
         VERSION
     );
     let digest = entry["digest"].as_str().unwrap().to_string();
-    let sum = ok_output(Command::new("sha256sum").arg(blob(layout, &digest)));
+    let sum = stdout_of(Command::new("sha256sum").arg(blob(layout, &digest)));
     assert_eq!(format!("sha256:{}", &sum[..64]), digest);
     digest
 }
 
 fn unpack(archive: &Path, into: &Path) {
     std::fs::create_dir_all(into).unwrap();
-    ok_output(
+    stdout_of(
         Command::new("tar")
             .arg("-xf")
             .arg(archive)
@@ -121,10 +108,11 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
             format!("trainlet-{v}-linux-arm64.docker.tar"),
             format!("trainlet-{v}.oci.tar"),
             "install.yaml".to_string(),
-            format!("trainlet-{v}.cdx.json"),
+            format!("trainlet-{v}-linux-amd64.cdx.json"),
+            format!("trainlet-{v}-linux-arm64.cdx.json"),
         ]
     );
-    ok_output(
+    stdout_of(
         Command::new("sha256sum")
             .args(["--check", "--strict", "SHA256SUMS"])
             .current_dir(&dir),
@@ -158,7 +146,7 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
         ]
     );
     let copy = work.path().join("copy");
-    ok_output(
+    stdout_of(
         Command::new("skopeo")
             .args(["copy", "--quiet", "--all"])
             .arg(format!(
@@ -183,7 +171,7 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
         };
         unpack(&blob(&layout, layer["digest"].as_str().unwrap()), &rootfs);
         let bin = rootfs.join("usr/local/bin/trainlet");
-        let version = ok_output(
+        let version = stdout_of(
             Command::new(qemu(arch))
                 .arg("-L")
                 .arg(&rootfs)
@@ -205,7 +193,7 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
         }
         // The platform's docker-archive: the same image, under the name the manifests run.
         let archive = dir.join(format!("trainlet-{v}-linux-{arch}.docker.tar"));
-        let inspected: Value = serde_json::from_str(&ok_output(
+        let inspected: Value = serde_json::from_str(&stdout_of(
             Command::new("skopeo")
                 .arg("inspect")
                 .arg(format!("docker-archive:{}", archive.display())),
@@ -265,7 +253,10 @@ fn the_release_is_one_checksummed_index_of_two_platforms_pinned_by_install_yaml(
             "hyper",
             "serde_json",
         ] {
-            assert!(crates.contains(&name), "{name} in the {arch} SBOM: {crates:?}");
+            assert!(
+                crates.contains(&name),
+                "{name} in the {arch} SBOM: {crates:?}"
+            );
         }
     }
 }
@@ -296,7 +287,7 @@ fn two_releases_of_the_same_binaries_are_the_same_bytes() {
                 make.env_remove(k);
             }
         }
-        ok_output(
+        stdout_of(
             make.args(["--no-print-directory", "release"])
                 .current_dir(repo())
                 .env("TRAINLET_RELEASE_DIR", &out),

@@ -12,7 +12,7 @@ use super::pods::pod;
 /// split at whitespace, whose last word is the binary. `make test` sets it to run the
 /// aarch64 portable binary under QEMU's user-mode emulation for a subset of the tests
 /// (`qemu-aarch64 -L /usr/aarch64-linux-gnu target/aarch64-unknown-linux-gnu/release/trainlet`).
-pub const TEST_BINARY_VAR: &str = "TRAINLET_TEST_BINARY";
+const TEST_BINARY_VAR: &str = "TRAINLET_TEST_BINARY";
 
 /// The built trainlet binary (or the one `TRAINLET_TEST_BINARY` names), with a clean
 /// environment: no TRAINLET_* or downward API variables leak in from the developer's
@@ -88,6 +88,18 @@ pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("{cmd:?}: stdin: {e}"),
         _ => out,
     }
+}
+
+/// Runs a tool that must succeed (a missing one fails the test too); its stdout.
+pub fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs trainlet to completion (blocking), returning code and output.
