@@ -139,18 +139,13 @@ fn the_arm64_portable_binary_needs_glibc_2_17_at_most_and_runs() {
         tool("readelf", &["-l"], &bin)
             .contains("[Requesting program interpreter: /lib/ld-linux-aarch64.so.1]")
     );
-    let version = Command::new("qemu-aarch64")
-        .args(["-L", ARM64_SYSROOT])
-        .arg(&bin)
-        .arg("--version")
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&version.stdout),
-        format!("trainlet {}\n", env!("CARGO_PKG_VERSION")),
-        "{}",
-        String::from_utf8_lossy(&version.stderr)
+    let version = stdout_of(
+        Command::new("qemu-aarch64")
+            .args(["-L", ARM64_SYSROOT])
+            .arg(&bin)
+            .arg("--version"),
     );
+    assert_eq!(version, format!("trainlet {}\n", env!("CARGO_PKG_VERSION")));
 }
 
 /// A fake NVML that links what the driver's libnvidia-ml.so.1 links, in its order
