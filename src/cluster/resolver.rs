@@ -134,9 +134,13 @@ impl Resolver {
     }
 
     fn sort(&self, group: &mut [&PeerPod]) -> Result<(), ClusterError> {
-        let name = |p: &&PeerPod| p.metadata.name.clone().unwrap_or_default();
+        // Borrowed, not cloned: a sort compares each name about log N times, on every
+        // batch of events while the job comes up.
+        fn name(p: &PeerPod) -> &str {
+            p.metadata.name.as_deref().unwrap_or_default()
+        }
         match self.order {
-            OrderMode::Name => group.sort_by_key(name),
+            OrderMode::Name => group.sort_by(|a, b| name(a).cmp(name(b))),
             OrderMode::Index => {
                 let indexes: Option<Vec<(u64, &str)>> = group
                     .iter()
@@ -148,7 +152,7 @@ impl Resolver {
                         order::pod_index(&p.metadata)
                             .map(|(i, key)| (order::job_index(&p.metadata), i, key))
                     };
-                    group.sort_by_key(|p| key(p).map(|(j, i, _)| (j, i)));
+                    group.sort_by_cached_key(|p| key(p).map(|(j, i, _)| (j, i)));
                     for w in group.windows(2) {
                         if let (Some((ja, i, key)), Some((jb, j, _))) = (key(w[0]), key(w[1]))
                             && (ja, i) == (jb, j)
@@ -160,13 +164,13 @@ impl Resolver {
                             };
                             return Err(ClusterError::Inconsistent(format!(
                                 "pods {:?} and {:?} both have index {i} ({key}){in_job}; each index must be used once",
-                                name(&w[0]),
-                                name(&w[1])
+                                name(w[0]),
+                                name(w[1])
                             )));
                         }
                     }
                 } else {
-                    group.sort_by(|a, b| order::natural_cmp(&name(a), &name(b)));
+                    group.sort_by(|a, b| order::natural_cmp(name(a), name(b)));
                 }
             }
         }
