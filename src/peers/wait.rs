@@ -149,15 +149,7 @@ async fn watch(
             continue;
         }
 
-        // A pod that several selectors match is in several stores: count it once, by
-        // the store's key (no allocation on this per-batch path).
-        let mut seen = std::collections::HashSet::new();
-        let pods: Vec<&PeerPod> = stores
-            .iter()
-            .flat_map(|s| s.iter())
-            .filter(|(k, _)| seen.insert(k.as_str()))
-            .map(|(_, p)| p)
-            .collect();
+        let pods = distinct(&stores);
 
         // Fill in the counts that --expect did not give, from the owning controllers.
         if at_least.is_none() {
@@ -189,6 +181,22 @@ async fn watch(
             }
         }
     }
+}
+
+/// Every store's pods, each once. A pod that several selectors match is in several
+/// stores: it counts once, by the store's key. With one selector, the usual job, the
+/// store's keys are already distinct and nothing is hashed: this runs on every batch.
+fn distinct(stores: &[Store<PeerPod>]) -> Vec<&PeerPod> {
+    if let [only] = stores {
+        return only.values().collect();
+    }
+    let mut seen = std::collections::HashSet::new();
+    stores
+        .iter()
+        .flat_map(|s| s.iter())
+        .filter(|(k, _)| seen.insert(k.as_str()))
+        .map(|(_, p)| p)
+        .collect()
 }
 
 /// The pods' watch events, from one watcher per selector, tagged with its index and
@@ -338,6 +346,37 @@ mod tests {
             message: message.into(),
             ..Default::default()
         }))
+    }
+
+    fn store_of(uids: &[&str]) -> Store<PeerPod> {
+        let mut s = Store::default();
+        s.apply(watcher::Event::Init, store::key, |p| p);
+        for uid in uids {
+            let mut pod = k8s_openapi::api::core::v1::Pod::default();
+            pod.metadata.uid = Some((*uid).into());
+            s.apply(
+                watcher::Event::InitApply(PeerPod::from(&pod)),
+                store::key,
+                |p| p,
+            );
+        }
+        s.apply(watcher::Event::InitDone, store::key, |p| p);
+        s
+    }
+
+    fn uids(pods: &[&PeerPod]) -> Vec<String> {
+        pods.iter()
+            .map(|p| p.metadata.uid.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_that_two_selectors_match_counts_once() {
+        let one = [store_of(&["b", "a"])];
+        assert_eq!(uids(&distinct(&one)), ["a", "b"]);
+        let two = [store_of(&["b", "a"]), store_of(&["c", "a"])];
+        assert_eq!(uids(&distinct(&two)), ["a", "b", "c"]);
+        assert!(distinct(&[]).is_empty());
     }
 
     #[test]
