@@ -23,6 +23,9 @@ pub struct Resolver {
     pub ready: ReadyMode,
 }
 
+/// A pod under index order: (its Job's index, its own), the key the index came from.
+type Keyed<'p> = ((u64, u64), &'static str, &'p PeerPod);
+
 impl Resolver {
     /// The job types whose selectors match this pod.
     pub fn types_of(&self, pod: &ObjectMeta) -> Vec<&str> {
@@ -142,35 +145,39 @@ impl Resolver {
         match self.order {
             OrderMode::Name => group.sort_by(|a, b| name(a).cmp(name(b))),
             OrderMode::Index => {
-                let indexes: Option<Vec<(u64, &str)>> = group
+                // JobSet: the Job's index first, then the pod's within its Job. Each
+                // pod's key is read once; a pod without an index orders the whole
+                // group by name.
+                let keyed: Option<Vec<Keyed>> = group
                     .iter()
-                    .map(|p| order::pod_index(&p.metadata))
-                    .collect();
-                if indexes.is_some() && !group.is_empty() {
-                    // JobSet: the Job's index first, then the pod's within its Job.
-                    let key = |p: &PeerPod| {
+                    .map(|p| {
                         order::pod_index(&p.metadata)
-                            .map(|(i, key)| (order::job_index(&p.metadata), i, key))
-                    };
-                    group.sort_by_cached_key(|p| key(p).map(|(j, i, _)| (j, i)));
-                    for w in group.windows(2) {
-                        if let (Some((ja, i, key)), Some((jb, j, _))) = (key(w[0]), key(w[1]))
-                            && (ja, i) == (jb, j)
-                        {
-                            let in_job = if order::in_jobset(&w[0].metadata) {
-                                format!(" in Job {ja} ({})", order::jobset::GLOBAL_INDEX)
-                            } else {
-                                String::new()
-                            };
-                            return Err(ClusterError::Inconsistent(format!(
-                                "pods {:?} and {:?} both have index {i} ({key}){in_job}; each index must be used once",
-                                name(w[0]),
-                                name(w[1])
-                            )));
+                            .map(|(i, key)| ((order::job_index(&p.metadata), i), key, *p))
+                    })
+                    .collect();
+                match keyed {
+                    Some(mut keyed) if !keyed.is_empty() => {
+                        keyed.sort_by_key(|(at, _, _)| *at);
+                        for w in keyed.windows(2) {
+                            let ((ja, i), key, a) = w[0];
+                            if (ja, i) == w[1].0 {
+                                let in_job = if order::in_jobset(&a.metadata) {
+                                    format!(" in Job {ja} ({})", order::jobset::GLOBAL_INDEX)
+                                } else {
+                                    String::new()
+                                };
+                                return Err(ClusterError::Inconsistent(format!(
+                                    "pods {:?} and {:?} both have index {i} ({key}){in_job}; each index must be used once",
+                                    name(a),
+                                    name(w[1].2)
+                                )));
+                            }
+                        }
+                        for (slot, (_, _, p)) in group.iter_mut().zip(keyed) {
+                            *slot = p;
                         }
                     }
-                } else {
-                    group.sort_by(|a, b| order::natural_cmp(name(a), name(b)));
+                    _ => group.sort_by(|a, b| order::natural_cmp(name(a), name(b))),
                 }
             }
         }
