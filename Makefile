@@ -114,8 +114,8 @@ test: test-newest test-k8s-previous
 # subset under QEMU, the cgroup v2 machine's (slow: it is emulated) and the other node
 # tests (the admission policy's among them). The node tests run one at a time in each
 # lane, since their pods' frameworks start on the same cores; two lanes keep two corpus
-# jobs from starting at once and leave no core idle at the end. The corpus lane's output follows
-# the other's, whole, and where each failed test panicked ends the output.
+# jobs from starting at once and leave no core idle at the end. The corpus lane's output
+# follows the other's, whole, and where each failed test panicked ends the output.
 PLAYED_THREADS ?= 4
 NODE_CORPUS := node_launchers:: node_where:: node_examples::
 NODE_OTHERS := node_ --skip node_launchers:: --skip node_where:: --skip node_examples:: --skip node_two:: --skip node_cgroup2::
